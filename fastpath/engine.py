@@ -1,0 +1,159 @@
+"""The Engine protocol: how the harness drives a subject (DESIGN §3.3).
+
+Engines are found by name through the ``fastpath.engines`` entry-point group, so the harness
+never imports a subject directly. An engine module may import only ``fastpath.trace`` from the
+harness; it therefore returns its own objects, which must carry the attributes documented on
+the protocols below (duck typing, checked by ``tests/test_engine_contract.py``-style tests).
+
+Paths: ``"standard"`` (what a generic engine runs), ``"fast"`` (the fast path behind the
+opt-in switch) and ``"oracle"`` (the standard math in fp32, the numerics reference).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+
+PATHS = ("standard", "fast", "oracle")
+ENTRY_POINT_GROUP = "fastpath.engines"
+
+
+@dataclass
+class GenerationRequest:
+    """One request. ``structured`` is None, {"json_schema": dict|str} or {"regex": str}."""
+
+    prompt_ids: list[int]
+    max_tokens: int = 32
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int = 0
+    stop_token_ids: list[int] = field(default_factory=list)
+    stop_strings: list[str] = field(default_factory=list)
+    structured: dict[str, Any] | None = None
+    logprobs: bool = False
+
+
+@runtime_checkable
+class GenerationResult(Protocol):
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # "stop" | "length" | "grammar"
+    logprobs: list[float] | None
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    vocab_size: int  # padded size (LM-head rows)
+    bos_id: int
+    eos_id: int
+
+    def encode(self, text: str, *, bos: bool = True) -> list[int]: ...
+    def decode(self, ids: Sequence[int]) -> str: ...
+    def apply_chat_template(self, turns: list[dict[str, str]], *, add_generation_prompt: bool = True) -> list[int]: ...
+
+
+@runtime_checkable
+class KernelEntry(Protocol):
+    """A fast kernel as the kernel suite sees it (registry entry).
+
+    fast(**inputs) / standard(**inputs) / oracle(**inputs) return a tensor or a tuple of tensors.
+    make_inputs(shape: dict, value_class: str, dtype, device, seed: int) -> dict of inputs.
+    shapes: list of shape dicts (scope batch sizes plus edge shapes). value_classes: names
+    understood by make_inputs ("normal", "large", "near_zero", "ties", "masked_inf", ...).
+    atol_floor: {dtype name: float}. k: noise-floor multiplier. deterministic: repeat must be
+    bitwise equal. kernel_patterns: regexes of GPU kernel names this kernel launches.
+    """
+
+    name: str
+    component: str
+    fast: Callable[..., Any]
+    standard: Callable[..., Any]
+    oracle: Callable[..., Any]
+    make_inputs: Callable[..., dict]
+    shapes: list[dict]
+    value_classes: list[str]
+    dtypes: list[str]
+    atol_floor: dict[str, float]
+    k: float
+    deterministic: bool
+    kernel_patterns: list[str]
+
+
+@runtime_checkable
+class Component(Protocol):
+    """A fast-path component and the GPU kernel names that prove which path ran."""
+
+    name: str
+    fast_kernel_patterns: list[str]
+    fallback_kernel_patterns: list[str]
+
+
+@runtime_checkable
+class Model(Protocol):
+    """A loaded model on one path."""
+
+    path: str
+    tokenizer: Tokenizer
+    device: str
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]: ...
+
+    def score(self, token_ids: list[list[int]]) -> list[Any]:
+        """Teacher-forced logits (fp32 tensor [len, vocab]) for each sequence."""
+        ...
+
+    def decode_step(self, batch: int, context: int, draft: int = 0) -> Callable[[], None]:
+        """A callable running one decode step of ``batch`` sequences at ``context`` tokens
+        (CUDA-graph replay where the path uses graphs). Events go to fastpath.trace."""
+        ...
+
+    def prefill_step(self, batch: int, context: int) -> Callable[[], None]: ...
+
+    def mixed_step(self, batch: int, context: int) -> Callable[[], None]:
+        """One step mixing a prefill with ``batch - 1`` decodes (out of fast-path scope)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Engine(Protocol):
+    name: str
+
+    def info(self) -> dict[str, Any]:
+        """{"device": "cpu"|"cuda", "arch": "sm_90"|"cpu", "device_name": str,
+        "model_config": str, "dtype": str, "triton_interpreter": bool, ...}"""
+        ...
+
+    def load(self, path: str) -> Model: ...
+
+    def components(self) -> list[Component]: ...
+
+    def kernels(self) -> list[KernelEntry]: ...
+
+    def fast_path_available(self) -> tuple[bool, str]:
+        """(True, "") or (False, the reason, e.g. "no CUDA device and no Triton interpreter")."""
+        ...
+
+
+class EngineNotFound(LookupError):
+    pass
+
+
+def available_engines() -> dict[str, Any]:
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def create_engine(name: str, **options: Any) -> Engine:
+    """Instantiate engine ``name`` registered under the ``fastpath.engines`` entry points."""
+    eps = available_engines()
+    if name not in eps:
+        known = ", ".join(sorted(eps)) or "none"
+        raise EngineNotFound(
+            f"no engine named {name!r} (registered: {known}). Engines register under the "
+            f"'{ENTRY_POINT_GROUP}' entry-point group; is the package installed (pip install -e .)?"
+        )
+    factory = eps[name].load()
+    return factory(**options)

@@ -1,0 +1,189 @@
+"""Dispatch trace: proof that a fast path fired (DESIGN §3.4).
+
+Model code calls ``engaged(component, variant, **shape)`` when a fast component runs and
+``refused(component, reason, **shape)`` when it falls back to the standard path. The harness
+opens a ``recording()`` and reads the events back.
+
+CUDA graphs: kernels launched while a graph is being captured do not run; they run on every
+replay. So events reported inside ``capturing(key)`` are bound to that key (whether or not a
+recorder is open at capture time), and ``replayed(key)`` re-emits them as executions to the
+open recorders.
+
+This module is imported by model code, so it has no dependencies and costs one global lookup
+and one truthiness test per call when nothing is recording.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Iterator
+from contextlib import contextmanager
+
+__all__ = [
+    "Event",
+    "Recorder",
+    "engaged",
+    "refused",
+    "recording",
+    "capturing",
+    "replayed",
+    "forget",
+    "bound_events",
+    "is_recording",
+]
+
+# Open recorders; a plain list so the hot-path test is a single truthiness check.
+_recorders: list["Recorder"] = []
+# Graph key -> events bound during its capture (kept after the recorder closes: replays
+# of a graph captured during warm-up must still count).
+_graphs: dict[Hashable, list["Event"]] = {}
+# Capture nesting is per thread: a capture on one thread must not swallow another's events.
+_local = threading.local()
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Event:
+    """One dispatch decision.
+
+    kind: "engaged" or "refused". detail: the variant (engaged) or the reason (refused).
+    phase: "eager" (ran now), "capture" (bound to a graph, did not run) or "replay"
+    (a graph replay executed it). graph: the graph key for capture/replay events.
+    """
+
+    kind: str
+    component: str
+    detail: str
+    shape: tuple[tuple[str, Any], ...] = ()
+    phase: str = "eager"
+    graph: Hashable | None = None
+
+    @property
+    def executed(self) -> bool:
+        return self.phase != "capture"
+
+    def shape_dict(self) -> dict[str, Any]:
+        return dict(self.shape)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "component": self.component,
+            "detail": self.detail,
+            "shape": self.shape_dict(),
+            "phase": self.phase,
+            "graph": None if self.graph is None else repr(self.graph),
+        }
+
+
+@dataclass
+class Recorder:
+    """Collects events while open. Read ``events`` or the summaries below."""
+
+    events: list[Event] = field(default_factory=list)
+
+    def executed(self) -> list[Event]:
+        return [e for e in self.events if e.executed]
+
+    def counts(self) -> Counter:
+        """(kind, component, detail) -> number of executions."""
+        return Counter((e.kind, e.component, e.detail) for e in self.executed())
+
+    def engaged(self, component: str | None = None) -> list[Event]:
+        return [e for e in self.executed() if e.kind == "engaged" and component in (None, e.component)]
+
+    def refused(self, component: str | None = None) -> list[Event]:
+        return [e for e in self.executed() if e.kind == "refused" and component in (None, e.component)]
+
+    def components(self) -> dict[str, set[str]]:
+        """component -> the set of variants it ran ("refused:<reason>" for fallbacks)."""
+        out: dict[str, set[str]] = {}
+        for e in self.executed():
+            label = e.detail if e.kind == "engaged" else f"refused:{e.detail}"
+            out.setdefault(e.component, set()).add(label)
+        return out
+
+    def clear(self) -> None:
+        self.events.clear()
+
+
+def _capture_key() -> Hashable | None:
+    return getattr(_local, "capture", None)
+
+
+def _emit(event: Event) -> None:
+    key = _capture_key()
+    if key is not None:
+        event = Event(event.kind, event.component, event.detail, event.shape, "capture", key)
+        with _lock:
+            _graphs.setdefault(key, []).append(event)
+    for r in list(_recorders):
+        r.events.append(event)
+
+
+def engaged(component: str, variant: str, **shape: Any) -> None:
+    """The fast path ran ``component`` with ``variant`` on ``shape``."""
+    if not _recorders and _capture_key() is None:
+        return
+    _emit(Event("engaged", component, variant, tuple(sorted(shape.items()))))
+
+
+def refused(component: str, reason: str, **shape: Any) -> None:
+    """The fast path declined ``component`` (the standard path ran instead) for ``reason``."""
+    if not _recorders and _capture_key() is None:
+        return
+    _emit(Event("refused", component, reason, tuple(sorted(shape.items()))))
+
+
+def is_recording() -> bool:
+    return bool(_recorders)
+
+
+@contextmanager
+def recording() -> Iterator[Recorder]:
+    """Open a recorder for the duration of the block."""
+    rec = Recorder()
+    _recorders.append(rec)
+    try:
+        yield rec
+    finally:
+        _recorders.remove(rec)
+
+
+@contextmanager
+def capturing(key: Hashable) -> Iterator[None]:
+    """Bind events reported in this block to graph ``key`` (replacing an earlier capture)."""
+    if _capture_key() is not None:
+        raise RuntimeError(f"nested graph capture: {key!r} inside {_capture_key()!r}")
+    with _lock:
+        _graphs[key] = []
+    _local.capture = key
+    try:
+        yield
+    finally:
+        _local.capture = None
+
+
+def replayed(key: Hashable, times: int = 1) -> None:
+    """Graph ``key`` was replayed ``times`` times: its bound events executed again."""
+    if not _recorders:
+        return
+    bound = _graphs.get(key)
+    if bound is None:
+        raise KeyError(f"graph {key!r} was never captured under fastpath.trace.capturing()")
+    for _ in range(times):
+        for e in bound:
+            _emit(Event(e.kind, e.component, e.detail, e.shape, "replay", key))
+
+
+def bound_events(key: Hashable) -> list[Event]:
+    """The events bound to graph ``key`` at capture (empty if none)."""
+    return list(_graphs.get(key, ()))
+
+
+def forget(key: Hashable) -> None:
+    """Drop a graph's bound events (call when the graph is destroyed)."""
+    with _lock:
+        _graphs.pop(key, None)
