@@ -1,0 +1,189 @@
+"""The ``fastpath`` command line: plan, verify, keygen, sign, check.
+
+User errors (bad spec, bad arguments, refused signing...) print their cause and fix and exit
+2; they never show a Python traceback. Evidence modules are imported lazily so ``fastpath
+plan`` works on a machine with only the spec and plan modules.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from fastpath.errors import FastpathError
+
+app = typer.Typer(name="fastpath", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="Validate a model fast path and produce signed evidence bundles.")
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Exception types that are the user's to fix (part B's, when importable)."""
+    types: list[type[BaseException]] = [FastpathError]
+    for module, names in (("fastpath.signing", ("SigningError",)), ("fastpath.digest", ("SourceDigestError",))):
+        try:
+            mod = __import__(module, fromlist=list(names))
+            types += [getattr(mod, n) for n in names if hasattr(mod, n)]
+        except ImportError:
+            pass
+    return tuple(types)
+
+
+def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn user errors into 'error: cause / fix:' and an exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        err = Console(stderr=True, soft_wrap=True)
+        try:
+            return fn(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except KeyboardInterrupt:
+            err.print("[yellow]interrupted[/]")
+            raise typer.Exit(3) from None
+        except _user_errors() as exc:
+            cause = getattr(exc, "cause", str(exc))
+            err.print(f"[bold red]error:[/] {escape(str(cause))}", highlight=False)
+            if getattr(exc, "fix", ""):
+                err.print(f"  [bold]fix:[/] {escape(exc.fix)}", highlight=False)
+            raise typer.Exit(getattr(exc, "exit_code", 2)) from None
+
+    return wrapper
+
+
+# --------------------------------------------------------------------------- plan
+
+@app.command()
+@friendly
+def plan(
+    spec: Path = typer.Argument(..., help="the fastpath.toml"),
+    tier: str = typer.Option("smoke", "--tier", help="smoke | full"),
+    as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
+) -> None:
+    """Print the case matrix of each suite (and the waivers with their reasons)."""
+    from fastpath.plan import build_plan
+    from fastpath.spec import load_spec
+
+    the_plan = build_plan(load_spec(spec), tier)
+    if as_json:
+        sys.stdout.write(json.dumps(the_plan.to_json(), indent=2) + "\n")
+        return
+    console = Console()
+    for suite in the_plan.suites:
+        cases, waivers = the_plan.for_suite(suite)
+        table = Table(title=f"{suite}: {len(cases)} cases, {len(waivers)} waived ({tier} tier)", title_justify="left")
+        table.add_column("case", no_wrap=True)
+        table.add_column("config", overflow="fold")
+        table.add_column("waived because", overflow="fold", style="yellow")
+        for c in cases:
+            table.add_row(c.case_id, escape(_config_text(c.config)), "")
+        for w in waivers:
+            table.add_row(w.case.case_id, escape(_config_text(w.case.config)), escape(w.reason))
+        console.print(table)
+    console.print(f"{len(the_plan.cases)} cases, {len(the_plan.waivers)} waivers, spec digest {the_plan.spec_digest[:12]}")
+
+
+def _config_text(config: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in config.items())
+
+
+# --------------------------------------------------------------------------- verify
+
+@app.command()
+@friendly
+def verify(
+    spec: Optional[Path] = typer.Argument(None, help="the fastpath.toml (default: [tool.fastpath] default_spec)"),
+    tier: str = typer.Option("auto", "--tier", help="auto | smoke | full (auto: full on a GPU in scope)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="run directory (default: out/NAME-TIER-TIME)"),
+    only: Optional[str] = typer.Option(None, "--only", help="run only these suites: SUITE[,SUITE]"),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="continue the run in this directory"),
+    key: Optional[Path] = typer.Option(None, "--key", help="sign the bundle with this private key"),
+    suites_dir: Optional[Path] = typer.Option(None, "--suites-dir", hidden=True, help="suites directory (tests)"),
+) -> None:
+    """Run the suites, evaluate the gates, write the bundle (signed with --key).
+
+    Exit code: 0 pass, 1 fail, 2 usage or spec error, 3 incomplete (interrupted or partial).
+    """
+    from fastpath.errors import UsageError
+    from fastpath.verify import VerifyOptions, verify as run_verify
+
+    if tier not in ("auto", "smoke", "full"):
+        raise UsageError(f"--tier {tier!r} is not one of auto, smoke, full", "pass --tier auto|smoke|full")
+    if resume is not None and out is not None and Path(out) != Path(resume):
+        raise UsageError("--out and --resume name different directories", "pass only --resume DIR")
+    opts = VerifyOptions(spec=spec, tier=tier, out=out, resume=resume, key=key, suites_dir=suites_dir,
+                         only=[s.strip() for s in only.split(",") if s.strip()] if only else None)
+    console = Console()
+    result = run_verify(opts, console)
+    style = "yellow" if result.exit_code == 3 else ("green" if result.exit_code == 0 else "red")
+    console.print(f"[{style}]{result.message}[/]", highlight=False)
+    raise typer.Exit(result.exit_code)
+
+
+# --------------------------------------------------------------------------- keys, signing, check
+
+@app.command()
+@friendly
+def keygen(
+    out: Optional[Path] = typer.Option(None, "--out", help="private key path (default: ~/.config/fastpath/keys/)"),
+    pub: Optional[Path] = typer.Option(None, "--pub", help="public key path (default: beside the private key)"),
+) -> None:
+    """Create an Ed25519 signing key pair (private key 0600, outside the repository by default)."""
+    from fastpath.signing import generate_keypair
+
+    private, public, kid = generate_keypair(out, pub)
+    typer.echo(f"private key: {private}\npublic key:  {public}\nkeyid:       {kid}")
+    typer.echo("add the public key to bundles/trusted_keys.toml to let CI trust your bundles")
+
+
+@app.command()
+@friendly
+def sign(
+    bundle: Path = typer.Argument(..., help="the NAME.fastpath directory"),
+    key: Path = typer.Option(..., "--key", help="private key from `fastpath keygen`"),
+) -> None:
+    """Sign a complete bundle (statement.json + DSSE envelope) and re-pack its archive."""
+    from fastpath.bundle import pack
+    from fastpath.errors import UsageError
+    from fastpath.signing import sign_bundle
+
+    if not Path(bundle).is_dir():
+        raise UsageError(f"{bundle} is not a bundle directory",
+                         "pass the NAME.fastpath/ directory that `fastpath verify` wrote (not the .tar.gz)")
+    envelope = sign_bundle(Path(bundle), Path(key))
+    archive = pack(Path(bundle))
+    typer.echo(f"signed: {envelope}\narchive: {archive}")
+
+
+@app.command()
+@friendly
+def check(
+    bundle: Path = typer.Argument(..., help="NAME.fastpath.tar.gz or NAME.fastpath/"),
+    trust: Path = typer.Option(Path("bundles/trusted_keys.toml"), "--trust", help="trust policy"),
+    source: Path = typer.Option(Path("."), "--source", help="checked-out tree to compare with"),
+    require_tier: Optional[str] = typer.Option(None, "--require-tier", help="smoke | full"),
+    fmt: str = typer.Option("text", "--format", help="text | markdown | json"),
+) -> None:
+    """Check a bundle as CI does (hostile input); the exit code is the verdict."""
+    from fastpath.check import main_check
+    from fastpath.errors import UsageError
+
+    if fmt not in ("text", "markdown", "json"):
+        raise UsageError(f"--format {fmt!r} is not one of text, markdown, json", "pass --format text|markdown|json")
+    raise typer.Exit(main_check(bundle, trust=trust, source=source, require_tier=require_tier, fmt=fmt))
+
+
+def main() -> None:  # pragma: no cover - console entry point alias
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

@@ -1,0 +1,169 @@
+"""Gate evaluation and the verdict (DESIGN §3.6, docs/architecture.md "Gates").
+
+Rules, in order:
+- every plan case (runnable or waived) must have >= 1 row, else an error row
+  "case produced no result" is added (gate "", so it fails the verdict);
+- a row naming a gate the spec does not define fails the verdict ("unknown gate");
+- a gate passes iff it has >= 1 row and every non-waived row passed; no rows = "missing";
+  only waivers = "waived", accepted on the smoke tier only;
+- verdict: "incomplete" unless every suite of the plan finished (partial runs never pass),
+  else "pass" iff every gate is pass (or waived on smoke) and no row is orphaned.
+
+``Verdict.to_summary()`` is the summary.json format that ``fastpath check`` reads.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from fastpath.plan import Plan
+from fastpath.results import make_row, rows_frame
+from fastpath.spec import Spec
+
+SUMMARY_SCHEMA = 1
+NO_RESULT = "case produced no result"
+
+
+@dataclass
+class GateResult:
+    name: str
+    suite: str
+    status: str  # pass | fail | waived | missing
+    rows: int
+    failed: int
+    waived: int
+    reason: str = ""
+
+    def ok(self, tier: str) -> bool:
+        return self.status == "pass" or (self.status == "waived" and tier == "smoke")
+
+
+@dataclass
+class Verdict:
+    verdict: str  # pass | fail | incomplete
+    complete: bool
+    tier: str
+    spec_name: str
+    spec_digest: str
+    gates_version: str
+    gates: dict[str, GateResult]
+    failing_rows: list[dict]
+    counts: dict[str, int]
+    suites: dict[str, str]  # suite -> done | crashed | not_run
+    rows: pd.DataFrame = field(repr=False)  # the input rows plus the rows added here
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+    def to_summary(self) -> dict[str, Any]:
+        return {
+            "schema": SUMMARY_SCHEMA,
+            "verdict": self.verdict,
+            "complete": self.complete,
+            "tier": self.tier,
+            "spec": self.spec_name,
+            "spec_digest": self.spec_digest,
+            "gates_version": self.gates_version,
+            "gates": {g.name: {"status": g.status, "suite": g.suite, "rows": g.rows, "failed": g.failed,
+                               "waived": g.waived, "reason": g.reason} for g in self.gates.values()},
+            "failing_rows": self.failing_rows,
+            "counts": self.counts,
+            "suites": self.suites,
+        }
+
+
+def missing_result_rows(plan: Plan, rows: pd.DataFrame, suites: list[str] | None = None) -> list[dict]:
+    """Error rows for plan cases (of ``suites``, default all) that have no row at all."""
+    seen = set(rows["case_id"].dropna()) if len(rows) else set()
+    wanted = set(suites) if suites is not None else set(plan.suites)
+    out = []
+    for case in [*plan.cases, *(w.case for w in plan.waivers)]:
+        if case.suite in wanted and case.case_id not in seen:
+            out.append(make_row(case.suite, case.case_id, "", "result", status="error", message=NO_RESULT,
+                                detail={"kind": case.kind, "config": case.config}))
+    return out
+
+
+def _row_evidence(row: dict) -> dict:
+    """A failing row as the verdict lists it: identity, numbers, message, evidence."""
+    out = {k: row.get(k) for k in ("suite", "case_id", "gate", "metric", "value", "threshold",
+                                   "comparator", "status", "message")}
+    for k in ("value", "threshold"):
+        if isinstance(out[k], float) and out[k] != out[k]:
+            out[k] = None
+    for k in ("evidence", "detail"):
+        try:
+            out[k] = json.loads(row.get(k) or "{}")
+        except (TypeError, ValueError):
+            out[k] = row.get(k)
+    return out
+
+
+def evaluate(spec: Spec, rows: pd.DataFrame, plan: Plan, tier: str | None = None,
+             suite_state: dict[str, str] | None = None) -> Verdict:
+    """Judge ``rows`` against the spec's gates for ``plan``.
+
+    ``suite_state`` maps suite -> done|crashed|not_run (default: every plan suite done).
+    Cases of suites that did not run are not reported missing: the verdict is incomplete.
+    """
+    tier = tier or plan.tier
+    state = {s: "done" for s in plan.suites}
+    state.update(suite_state or {})
+    ran = [s for s in plan.suites if state.get(s) != "not_run"]
+    complete = all(state.get(s) != "not_run" for s in plan.suites)
+
+    rows = rows_frame(rows.to_dict("records")) if len(rows) else rows_frame([])
+    added = missing_result_rows(plan, rows, ran)
+    if added:
+        rows = rows_frame([*rows.to_dict("records"), *added])
+    records = rows.to_dict("records")
+
+    gates: dict[str, GateResult] = {}
+    failing: list[dict] = []
+    for name, settings in spec.gates.settings.items():
+        mine = [r for r in records if r["gate"] == name]
+        bad = [r for r in mine if r["status"] in ("fail", "error") or (r["status"] == "pass" and not r["passed"])]
+        waived = [r for r in mine if r["status"] == "waived"]
+        suite = settings["suite"]
+        if not mine:
+            status = "missing"
+            reason = "no evidence: no row for this gate" if state.get(suite) != "not_run" else "suite not run"
+        elif bad:
+            status, reason = "fail", f"{len(bad)} of {len(mine)} rows failed"
+        elif len(waived) == len(mine):
+            status = "waived"
+            reason = "all rows are waivers" + ("" if tier == "smoke" else f" (not accepted on the {tier} tier)")
+        else:
+            status, reason = "pass", ""
+        gates[name] = GateResult(name, suite, status, len(mine), len(bad), len(waived), reason)
+        failing += [_row_evidence(r) for r in bad]
+
+    known = set(spec.gates.settings)
+    for r in records:
+        if r["gate"] not in known:
+            ev = _row_evidence(r)
+            if r["gate"]:
+                ev["message"] = f"unknown gate {r['gate']!r}" + (f"; {ev['message']}" if ev["message"] else "")
+            failing.append(ev)
+
+    statuses = [r["status"] for r in records]
+    counts = {
+        "rows": len(records),
+        **{s: statuses.count(s) for s in ("pass", "fail", "error", "waived")},
+        "cases_planned": len(plan.cases) + len(plan.waivers),
+        "cases_waived_by_plan": len(plan.waivers),
+        "cases_without_result": len(added),
+    }
+    if not complete:
+        verdict = "incomplete"
+    elif not failing and all(g.ok(tier) for g in gates.values()):
+        verdict = "pass"
+    else:
+        verdict = "fail"
+    return Verdict(verdict, complete, tier, spec.name, spec.digest, spec.gates.version, gates, failing,
+                   counts, {s: state.get(s, "not_run") for s in plan.suites}, rows)

@@ -1,0 +1,205 @@
+"""Expand a spec into the case matrix of each suite for one tier (DESIGN §3.2).
+
+A case is ``{"suite", "kind", "case_id", "config"}`` (docs/architecture.md "Plan cases").
+Cases come from the Cartesian product of the tier's slice of the scope; the pruning rules
+(``PRUNING_RULES``, data) and the tier rules (``TIER_RULES``) never drop a case: they turn it
+into a *waiver* carrying the reason, so what was not run is always on record.
+
+Suites without a case expander (evals, perf) get one ``<suite>/all/<tier>`` case: the suite
+itself iterates its own matrix until the plan learns it.
+
+Kernels: with ``[kernels] names`` in the spec, one case per name × dtype of the tier; without
+it one ``kernels/kernel/registry-<dtype>`` case per dtype, which the suite expands over the
+engine's registry.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from fastpath.spec import Spec, Tier
+
+
+@dataclass(frozen=True)
+class Case:
+    suite: str
+    kind: str
+    case_id: str
+    config: dict[str, Any]
+
+    def to_json(self) -> dict:
+        return {"suite": self.suite, "kind": self.kind, "case_id": self.case_id, "config": dict(self.config)}
+
+
+@dataclass(frozen=True)
+class Waiver:
+    case: Case
+    reason: str
+
+    def to_json(self) -> dict:
+        return {**self.case.to_json(), "reason": self.reason}
+
+
+@dataclass
+class Plan:
+    spec_name: str
+    spec_digest: str
+    tier: str
+    suites: list[str]
+    cases: list[Case] = field(default_factory=list)  # runnable on this tier
+    waivers: list[Waiver] = field(default_factory=list)  # planned but not runnable, with why
+
+    def for_suite(self, suite: str) -> tuple[list[Case], list[Waiver]]:
+        return ([c for c in self.cases if c.suite == suite], [w for w in self.waivers if w.case.suite == suite])
+
+    def all_case_ids(self) -> list[str]:
+        return [c.case_id for c in self.cases] + [w.case.case_id for w in self.waivers]
+
+    def to_json(self) -> dict:
+        return {
+            "schema": 1,
+            "spec": self.spec_name,
+            "spec_digest": self.spec_digest,
+            "tier": self.tier,
+            "suites": list(self.suites),
+            "cases": [c.to_json() for c in self.cases],
+            "waivers": [w.to_json() for w in self.waivers],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Plan":
+        def case(d: dict) -> Case:
+            return Case(d["suite"], d["kind"], d["case_id"], dict(d["config"]))
+
+        return cls(data["spec"], data["spec_digest"], data["tier"], list(data["suites"]),
+                   [case(c) for c in data["cases"]], [Waiver(case(w), w["reason"]) for w in data["waivers"]])
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Turns the cases it matches into waivers with ``reason``."""
+
+    name: str
+    kinds: tuple[tuple[str, str], ...]  # (suite, kind) pairs it applies to
+    applies: Callable[[dict, Spec, Tier], bool]
+    reason: str
+
+
+# Scope combinations that make no sense, whatever the tier.
+PRUNING_RULES: tuple[Rule, ...] = (
+    Rule("draft_needs_spec_decode", (("coverage", "decode"), ("coverage", "profiler")),
+         lambda cfg, spec, tier: cfg["draft"] > 0 and not spec.features["speculative_decoding"],
+         "draft length > 0 but features.speculative_decoding is false"),
+    Rule("context_over_max", (("coverage", "decode"), ("coverage", "profiler"), ("parity", "parity")),
+         lambda cfg, spec, tier: cfg["context"] + cfg.get("draft", 0) > tier.max_context,
+         "context + draft exceeds the tier's max_context"),
+)
+
+# What a tier cannot do.
+TIER_RULES: tuple[Rule, ...] = (
+    Rule("profiler_needs_gpu", (("coverage", "profiler"),),
+         lambda cfg, spec, tier: tier.name != "full",
+         "needs a CUDA GPU: the profiler runs on the full tier only"),
+    Rule("perf_not_gated_on_smoke", (("perf", "all"),),
+         lambda cfg, spec, tier: tier.name != "full",
+         "perf is not gated on the smoke tier (DESIGN §3.2): timings need the full tier's GPU"),
+)
+
+
+def _shape_id(cfg: dict) -> str:
+    """Stable text for a decode shape: b4-c64-d0, prefixed tpN / suffixed dcpN when not 1."""
+    text = f"b{cfg['batch']}-c{cfg['context']}-d{cfg['draft']}"
+    if cfg.get("tp", 1) != 1:
+        text = f"tp{cfg['tp']}-{text}"
+    if cfg.get("dcp", 1) != 1:
+        text = f"{text}-dcp{cfg['dcp']}"
+    return text
+
+
+def _decode_configs(tier: Tier) -> list[dict]:
+    s = tier.scope
+    return [
+        {"tp": tp, "dcp": dcp, "batch": b, "context": c, "draft": d}
+        for tp, dcp, b, c, d in itertools.product(
+            s["tensor_parallel"], s["dcp_sizes"], s["batch_sizes"], s["context_lengths"], s["draft_lengths"])
+    ]
+
+
+def _coverage(spec: Spec, tier: Tier) -> list[Case]:
+    cases = [Case("coverage", "decode", f"coverage/decode/{_shape_id(c)}", c) for c in _decode_configs(tier)]
+    s = tier.scope
+    for step, reason in s["fallbacks"].items():
+        cfg = {"fallback": step, "reason": reason, "batch": min(s["batch_sizes"]),
+               "context": min(s["context_lengths"]), "out_of_scope_batch": max(spec.scope["batch_sizes"]) + 1}
+        cases.append(Case("coverage", "fallback", f"coverage/fallback/{step}", cfg))
+    cases += [Case("coverage", "profiler", f"coverage/profiler/{_shape_id(c)}", c) for c in _decode_configs(tier)]
+    return cases
+
+
+def _kernels(spec: Spec, tier: Tier) -> list[Case]:
+    # kernel None = "every kernel the engine registers": the suite expands the registry.
+    names = spec.kernel_names or [None]
+    return [Case("kernels", "kernel", f"kernels/kernel/{n or 'registry'}-{d}", {"kernel": n, "dtype": d})
+            for n in names for d in tier.dtypes]
+
+
+def _parity(spec: Spec, tier: Tier) -> list[Case]:
+    return [Case("parity", "parity", f"parity/parity/c{c}", {"context": c, "draft": 0, "dtype": tier.dtypes[0]})
+            for c in tier.scope["context_lengths"]]
+
+
+def _features(spec: Spec, tier: Tier) -> list[Case]:
+    f = spec.features
+    cases = []
+    drafts = [0] + ([max(tier.scope["draft_lengths"])] if f["speculative_decoding"]
+                    and max(tier.scope["draft_lengths"]) > 0 else [])
+    for kind, mode, draft in itertools.product(f["structured_output"], ("greedy", "sampled"), drafts):
+        suffix = f"-d{draft}" if draft else ""
+        cases.append(Case("features", "structured", f"features/structured/{kind}-{mode}{suffix}",
+                          {"structured": kind, "mode": mode, "draft": draft}))
+    if f["temperature_sampling"]:
+        cases.append(Case("features", "sampling", "features/sampling/temperature", {}))
+    for mask in ("top_k", "top_p"):
+        if f[mask]:
+            cases.append(Case("features", "masks", f"features/masks/{mask}", {"mask": mask}))
+    cases.append(Case("features", "seeded", "features/seeded/reproducible", {}))
+    cases.append(Case("features", "full_context", f"features/full_context/c{tier.max_context}",
+                      {"context": tier.max_context}))
+    return cases
+
+
+def _whole_suite(suite: str) -> Callable[[Spec, Tier], list[Case]]:
+    return lambda spec, tier: [Case(suite, "all", f"{suite}/all/{tier.name}", {})]
+
+
+EXPANDERS: dict[str, Callable[[Spec, Tier], list[Case]]] = {
+    "coverage": _coverage,
+    "kernels": _kernels,
+    "parity": _parity,
+    "features": _features,
+    "evals": _whole_suite("evals"),
+    "perf": _whole_suite("perf"),
+}
+
+
+def build_plan(spec: Spec, tier: str | Tier) -> Plan:
+    """Every case of every suite that owns a gate, runnable ones and waivers, in stable order."""
+    tier_obj = tier if isinstance(tier, Tier) else spec.tier(tier)
+    plan = Plan(spec.name, spec.digest, tier_obj.name, spec.suites())
+    for suite in plan.suites:
+        for case in EXPANDERS[suite](spec, tier_obj):
+            reason = _waiver_reason(case, spec, tier_obj)
+            if reason:
+                plan.waivers.append(Waiver(case, reason))
+            else:
+                plan.cases.append(case)
+    return plan
+
+
+def _waiver_reason(case: Case, spec: Spec, tier: Tier) -> str | None:
+    for rule in PRUNING_RULES + TIER_RULES:
+        if (case.suite, case.kind) in rule.kinds and rule.applies(case.config, spec, tier):
+            return rule.reason
+    return None

@@ -1,0 +1,317 @@
+"""The pytest plugin suites run under (docs/architecture.md "Suites ↔ plugin").
+
+Load it with ``-p fastpath.pytest_plugin`` and ``--fastpath-spec``. It parametrizes every
+test marked ``@pytest.mark.fastpath(kind=...)`` that asks for ``case`` with the plan's cases
+of its suite and kind, provides the fixtures, and turns every outcome into result rows:
+
+- ``record(...)`` writes a row and returns whether it passed;
+- ``waive(gate, reason)`` writes a waiver row and skips;
+- an exception writes an ``error`` row (with the traceback tail), a failed assertion with no
+  failing row a ``fail`` row, a skip without a waiver a ``waived`` row with the skip reason;
+- cases the plan waives are skipped with a waiver row carrying the plan's reason.
+
+Outcome rows are filed under the marker's ``gate=``/``gates=``, else the gates the test
+recorded so far, else gate "" (which fails the verdict, so a gate-less failure is never lost).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from fastpath.plan import Plan, build_plan
+from fastpath.results import RowWriter, make_row
+from fastpath.spec import Spec, Tier, load_spec
+
+TRACEBACK_TAIL = 2000  # characters of a traceback kept in an error row's message
+
+
+def create_engine(name: str, options: dict[str, Any]) -> Any:
+    """A registered engine by name, or ``module:factory`` (how tests point at a double)."""
+    if ":" in name:
+        module_name, _, attr = name.partition(":")
+        factory: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            factory = getattr(factory, part)
+        return factory(**options)
+    from fastpath.engine import create_engine as create_registered
+
+    return create_registered(name, **options)
+
+
+class LazyModels:
+    """``fp_models["fast"]``: each path is loaded on first use, once per session."""
+
+    def __init__(self, engine_getter: Callable[[], Any]) -> None:
+        self._engine_getter = engine_getter
+        self._models: dict[str, Any] = {}
+
+    def __getitem__(self, path: str) -> Any:
+        if path not in self._models:
+            self._models[path] = self._engine_getter().load(path)
+        return self._models[path]
+
+    def close(self) -> None:
+        for model in self._models.values():
+            close = getattr(model, "close", None)
+            if close is not None:
+                close()
+        self._models.clear()
+
+
+@dataclass
+class ItemRecord:
+    """What one test item wrote so far (to decide which outcome rows to add)."""
+
+    suite: str
+    case_id: str
+    config: dict[str, Any]
+    declared_gates: list[str]
+    recorded_gates: list[str] = field(default_factory=list)
+    has_case: bool = True  # False: a helper test outside the plan (only its failures become rows)
+    rows: int = 0
+    failing_rows: int = 0
+    waived: bool = False
+
+    def outcome_gates(self) -> list[str]:
+        return self.declared_gates or list(dict.fromkeys(self.recorded_gates)) or [""]
+
+
+class FastpathSession:
+    """Per-pytest-session state: spec, tier, plan, the row sink and per-item records."""
+
+    def __init__(self, spec: Spec, tier: Tier, plan: Plan, rows_path: Path | None, suite: str | None) -> None:
+        self.spec, self.tier, self.plan, self.suite = spec, tier, plan, suite
+        self.writer = RowWriter(rows_path) if rows_path else None
+        self.rows: list[dict] = []  # kept in memory too (tests, progress)
+        self.items: dict[str, ItemRecord] = {}
+        self.waived_cases = {w.case.case_id: w.reason for w in plan.waivers}
+
+    def write(self, item: ItemRecord, row: dict) -> None:
+        if self.writer is not None:
+            self.writer.write(row)
+        self.rows.append(row)
+        item.rows += 1
+        if row["status"] in ("fail", "error"):
+            item.failing_rows += 1
+        if row["gate"]:
+            item.recorded_gates.append(row["gate"])
+
+    def suite_of(self, module_path: Path) -> str:
+        return self.suite or module_path.stem.removeprefix("test_")
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+STATE = pytest.StashKey[FastpathSession]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("fastpath")
+    group.addoption("--fastpath-spec", help="fastpath.toml the suites validate")
+    group.addoption("--fastpath-tier", default="smoke", help="tier of the spec (smoke|full)")
+    group.addoption("--fastpath-plan", help="plan.json to take cases from (default: build it from the spec)")
+    group.addoption("--fastpath-rows", help="JSONL file result rows are appended to")
+    group.addoption("--fastpath-suite", help="suite name (default: from the module name test_<suite>.py)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "fastpath(kind, gate=None, gates=None): a test over the plan's cases")
+    spec_path = config.getoption("fastpath_spec", None)
+    if not spec_path:
+        return
+    spec = load_spec(spec_path)
+    tier = spec.tier(config.getoption("fastpath_tier"))
+    plan_path = config.getoption("fastpath_plan")
+    plan = Plan.from_json(json.loads(Path(plan_path).read_text())) if plan_path else build_plan(spec, tier)
+    rows = config.getoption("fastpath_rows")
+    config.stash[STATE] = FastpathSession(spec, tier, plan, Path(rows) if rows else None,
+                                          config.getoption("fastpath_suite"))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    state = config.stash.get(STATE, None)
+    if state is not None:
+        state.close()
+
+
+def _state(config: pytest.Config) -> FastpathSession:
+    state = config.stash.get(STATE, None)
+    if state is None:
+        raise pytest.UsageError("fastpath suites need --fastpath-spec (run them with `fastpath verify`)")
+    return state
+
+
+def _marker_gates(marker: pytest.Mark | None) -> list[str]:
+    if marker is None:
+        return []
+    gates = marker.kwargs.get("gates") or []
+    if marker.kwargs.get("gate"):
+        gates = [marker.kwargs["gate"], *gates]
+    return [gates] if isinstance(gates, str) else list(gates)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marker = metafunc.definition.get_closest_marker("fastpath")
+    if marker is None or "case" not in metafunc.fixturenames:
+        return
+    state = _state(metafunc.config)
+    kind = marker.kwargs.get("kind") or (marker.args[0] if marker.args else None)
+    if not kind:
+        raise pytest.UsageError(f"{metafunc.definition.nodeid}: @pytest.mark.fastpath needs kind=")
+    suite = state.suite_of(Path(str(metafunc.definition.path)))
+    cases = [c for c in state.plan.cases if c.suite == suite and c.kind == kind]
+    cases += [w.case for w in state.plan.waivers if w.case.suite == suite and w.case.kind == kind]
+    metafunc.parametrize("case", [c.to_json() for c in cases], ids=[c.case_id for c in cases])
+
+
+def _item_record(item: pytest.Item) -> ItemRecord:
+    state = _state(item.config)
+    if item.nodeid not in state.items:
+        callspec = getattr(item, "callspec", None)
+        case = callspec.params.get("case") if callspec else None
+        suite = state.suite_of(Path(str(item.path)))
+        case_id = case["case_id"] if case else f"{suite}/test/{item.name}"
+        state.items[item.nodeid] = ItemRecord(suite, case_id, dict(case["config"]) if case else {},
+                                              _marker_gates(item.get_closest_marker("fastpath")),
+                                              has_case=case is not None)
+    return state.items[item.nodeid]
+
+
+def _outcome_rows(item: pytest.Item, status: str, metric: str, message: str) -> None:
+    state, rec = _state(item.config), _item_record(item)
+    for gate in rec.outcome_gates():
+        text = message if gate else f"{message} [the test names no gate: add gate= to @pytest.mark.fastpath]"
+        state.write(rec, make_row(rec.suite, rec.case_id, gate, metric, status=status, passed=False,
+                                  message=text, **_config_columns(rec.config)))
+
+
+def _config_columns(config: dict[str, Any]) -> dict[str, Any]:
+    """Case config as row keyword arguments (non-column keys end up in ``detail``)."""
+    return {k: v for k, v in config.items() if k not in ("suite", "case_id", "gate", "metric", "value")}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    state = item.config.stash.get(STATE, None)
+    if state is None:
+        return
+    rec = _item_record(item)
+    reason = state.waived_cases.get(rec.case_id)
+    if reason is not None:
+        rec.waived = True
+        _outcome_rows(item, "waived", "waiver", reason)
+        pytest.skip(f"waived by the plan: {reason}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    report = yield
+    if item.config.stash.get(STATE, None) is None:
+        return report
+    rec = _item_record(item)
+    if report.skipped and not rec.has_case:
+        pass  # e.g. a kind with no case on this plan ("empty parameter set"): nothing to file
+    elif report.skipped and not rec.waived:
+        reason = call.excinfo.value.msg if call.excinfo is not None and hasattr(call.excinfo.value, "msg") \
+            else str(report.longrepr)
+        rec.waived = True
+        _outcome_rows(item, "waived", "skipped", f"skipped without a waiver: {reason}")
+    elif report.failed:
+        excinfo = call.excinfo
+        is_assert = excinfo is not None and excinfo.errisinstance(AssertionError) and call.when == "call"
+        if is_assert and rec.failing_rows == 0:
+            _outcome_rows(item, "fail", "assertion", f"assertion failed: {excinfo.exconly()[:TRACEBACK_TAIL]}")
+        elif not is_assert:
+            tail = str(report.longrepr)[-TRACEBACK_TAIL:]
+            _outcome_rows(item, "error", "exception", f"{call.when} raised: {tail}")
+    elif call.when == "teardown" and rec.rows == 0 and rec.has_case:
+        # Passed without recording anything: the case produced no evidence.
+        _outcome_rows(item, "error", "result", "test passed but recorded no row (call record())")
+    return report
+
+
+# --------------------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="session")
+def fp_spec(request: pytest.FixtureRequest) -> Spec:
+    return _state(request.config).spec
+
+
+@pytest.fixture(scope="session")
+def fp_tier(request: pytest.FixtureRequest) -> Tier:
+    return _state(request.config).tier
+
+
+@pytest.fixture(scope="session")
+def fp_plan(request: pytest.FixtureRequest) -> Plan:
+    return _state(request.config).plan
+
+
+@pytest.fixture(scope="session")
+def fp_engine(request: pytest.FixtureRequest) -> Any:
+    state = _state(request.config)
+    engine = create_engine(state.spec.engine, state.tier.engine_options)
+    yield engine
+    close = getattr(engine, "close", None)
+    if close is not None:
+        close()
+
+
+@pytest.fixture(scope="session")
+def fp_models(request: pytest.FixtureRequest) -> LazyModels:
+    models = LazyModels(lambda: request.getfixturevalue("fp_engine"))
+    yield models
+    models.close()
+
+
+@pytest.fixture(scope="session")
+def fp_gate(request: pytest.FixtureRequest) -> Callable[[str], dict[str, Any]]:
+    spec = _state(request.config).spec
+
+    def settings(name: str) -> dict[str, Any]:
+        if name not in spec.gates.settings:
+            raise KeyError(f"gate {name!r} is not in the spec (gates: {', '.join(spec.gates.settings)})")
+        return dict(spec.gates.settings[name])
+
+    return settings
+
+
+@pytest.fixture
+def record(request: pytest.FixtureRequest) -> Callable[..., bool]:
+    state, rec = _state(request.config), _item_record(request.node)
+
+    def _record(gate: str, metric: str, value: Any, *, threshold: float | None = None,
+                comparator: str | None = None, passed: bool | None = None, evidence: Any = None,
+                **config: Any) -> bool:
+        row = make_row(rec.suite, rec.case_id, gate, metric, value, threshold=threshold, comparator=comparator,
+                       passed=passed, evidence=evidence, **{**_config_columns(rec.config), **config})
+        state.write(rec, row)
+        return row["passed"]
+
+    return _record
+
+
+@pytest.fixture
+def waive(request: pytest.FixtureRequest) -> Callable[[str, str], None]:
+    state, rec = _state(request.config), _item_record(request.node)
+
+    def _waive(gate: str, reason: str) -> None:
+        state.write(rec, make_row(rec.suite, rec.case_id, gate, "waiver", status="waived", message=reason,
+                                  **_config_columns(rec.config)))
+        rec.waived = True
+        pytest.skip(reason)
+
+    return _waive
+
+
+@pytest.fixture
+def case() -> dict:
+    raise pytest.UsageError("`case` comes from @pytest.mark.fastpath(kind=...) and --fastpath-spec")

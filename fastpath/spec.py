@@ -1,0 +1,371 @@
+"""Load and strictly validate a fast-path spec (``fastpath.toml``, DESIGN §3.1).
+
+The schema is data (``SCHEMA`` below), so every rule is visible in one place and every error
+can name the file, the key path (``scope.batch_sizes[2]``), the bad value, what is allowed and
+the line where the key is written. All errors of a file are reported at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastpath.errors import SpecError
+
+SUITES = ("coverage", "kernels", "parity", "features", "evals", "perf")
+TIERS = ("smoke", "full")
+DTYPES = ("float32", "float16", "bfloat16")
+STRUCTURED_KINDS = ("json_schema", "regex")
+# Reasons the trace may record when the fast path declines a step (docs/architecture.md).
+FALLBACK_REASONS = ("prefill", "mixed_batch", "batch_out_of_scope", "fast_path_unavailable")
+ENGINE_RE = re.compile(r"^[A-Za-z_][\w.-]*$|^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+ARCH_RE = re.compile(r"^sm_\d{2,3}a?$")
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+
+
+@dataclass(frozen=True)
+class Field:
+    """One node of the schema. ``kind``: str|int|number|bool|list|table|map|data."""
+
+    kind: str
+    required: bool = False
+    allowed: tuple | None = None  # exact allowed values
+    pattern: re.Pattern | None = None  # for str: must match
+    pattern_doc: str = ""
+    minimum: int | float | None = None
+    nonempty: bool = False  # lists: at least one item
+    unique: bool = False  # lists: no duplicates
+    items: "Field | None" = None  # list item schema
+    fields: dict[str, "Field"] | None = None  # table: known keys
+    rest: "Field | None" = None  # table: schema of keys not in fields (None = reject them)
+    keys: tuple | None = None  # map: allowed keys (None = any)
+    values: "Field | None" = None  # map: value schema
+
+
+def _ints(minimum: int, required: bool = False) -> Field:
+    return Field("list", required=required, nonempty=True, unique=True, items=Field("int", minimum=minimum))
+
+
+# Keys a tier may override in the scope (the slice of the scope it runs).
+SCOPE_OVERRIDES = {
+    "tensor_parallel": _ints(1),
+    "batch_sizes": _ints(1),
+    "context_lengths": _ints(1),
+    "draft_lengths": _ints(0),
+    "dcp_sizes": _ints(1),
+}
+
+SCHEMA = Field("table", fields={
+    "fastpath": Field("table", required=True, fields={
+        "schema": Field("int", required=True, allowed=(1,)),
+        "name": Field("str", required=True, pattern=NAME_RE, pattern_doc="lowercase letters, digits, '.', '_', '-'"),
+        "engine": Field("str", required=True, pattern=ENGINE_RE,
+                        pattern_doc="a registered engine name or 'module:factory'"),
+        "description": Field("str"),
+    }),
+    "switch": Field("table", required=True, fields={
+        "key": Field("str", required=True),
+        "value": Field("str", required=True),
+    }),
+    "sources": Field("table", required=True, fields={
+        "globs": Field("list", required=True, nonempty=True, unique=True, items=Field("str")),
+    }),
+    "scope": Field("table", required=True, fields={
+        "hardware": Field("list", required=True, nonempty=True, unique=True,
+                          items=Field("str", pattern=ARCH_RE, pattern_doc="a CUDA arch such as 'sm_90'")),
+        "tensor_parallel": _ints(1),
+        "batch_sizes": _ints(1, required=True),
+        "context_lengths": _ints(1, required=True),
+        "draft_lengths": _ints(0),
+        "dcp_sizes": _ints(1),
+        "fallbacks": Field("map", values=Field("str", allowed=FALLBACK_REASONS)),
+    }),
+    "features": Field("table", required=True, fields={
+        "max_context": Field("int", required=True, minimum=1),
+        "temperature_sampling": Field("bool"),
+        "top_k": Field("bool"),
+        "top_p": Field("bool"),
+        "structured_output": Field("list", unique=True, items=Field("str", allowed=STRUCTURED_KINDS)),
+        "speculative_decoding": Field("bool"),
+    }),
+    # Optional: the fast kernels to test; without it the kernels suite expands the registry.
+    "kernels": Field("table", fields={
+        "names": Field("list", required=True, nonempty=True, unique=True, items=Field("str")),
+    }),
+    "tiers": Field("map", required=True, keys=TIERS, values=Field("table", fields={
+        "description": Field("str"),
+        "engine_options": Field("map", values=Field("data")),
+        "dtypes": Field("list", nonempty=True, unique=True, items=Field("str", allowed=DTYPES)),
+        "max_context": Field("int", minimum=1),
+        **SCOPE_OVERRIDES,
+    })),
+    "gates": Field("table", required=True, fields={
+        "version": Field("str", required=True),
+    }, rest=Field("table", fields={
+        "suite": Field("str", required=True, allowed=SUITES),
+        "description": Field("str"),
+    }, rest=Field("data"))),
+})
+
+SCOPE_DEFAULTS = {"tensor_parallel": [1], "draft_lengths": [0], "dcp_sizes": [1], "fallbacks": {}}
+FEATURE_DEFAULTS = {"temperature_sampling": False, "top_k": False, "top_p": False,
+                    "structured_output": [], "speculative_decoding": False}
+
+
+@dataclass(frozen=True)
+class Tier:
+    name: str
+    engine_options: dict[str, Any]
+    scope: dict[str, Any]  # the spec's scope with this tier's overrides applied
+    dtypes: list[str]
+    max_context: int
+
+
+@dataclass(frozen=True)
+class Gates:
+    version: str
+    settings: dict[str, dict[str, Any]]  # gate name -> its table (always has "suite")
+
+    def names(self) -> list[str]:
+        return list(self.settings)
+
+    def suite_of(self, gate: str) -> str | None:
+        return self.settings.get(gate, {}).get("suite")
+
+    def for_suite(self, suite: str) -> list[str]:
+        return [g for g, s in self.settings.items() if s["suite"] == suite]
+
+
+@dataclass(frozen=True)
+class Spec:
+    path: Path
+    name: str
+    engine: str
+    description: str
+    switch: dict[str, str]
+    source_globs: list[str]
+    scope: dict[str, Any]
+    features: dict[str, Any]
+    kernel_names: list[str] | None
+    tiers: dict[str, Tier]
+    gates: Gates
+    raw_text: str = field(repr=False)
+    digest: str = ""  # sha256 hex of the file's bytes
+
+    def tier(self, name: str) -> Tier:
+        if name not in self.tiers:
+            raise SpecError(
+                f"{self.path}: tier {name!r} is not defined (defined: {', '.join(self.tiers) or 'none'})",
+                f"add a [tiers.{name}] table to the spec or pick one of the defined tiers",
+            )
+        return self.tiers[name]
+
+    def suites(self) -> list[str]:
+        """Suites that own at least one gate, in the canonical order."""
+        used = {s["suite"] for s in self.gates.settings.values()}
+        return [s for s in SUITES if s in used]
+
+
+# --------------------------------------------------------------------------- validation
+
+def _type_name(value: Any) -> str:
+    return {bool: "boolean", int: "integer", float: "float", str: "string", list: "array",
+            dict: "table"}.get(type(value), type(value).__name__)
+
+
+def _fmt_path(parts: list) -> str:
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "(top level)"
+
+
+_KIND_DOC = {"str": "a string", "int": "an integer", "number": "a number", "bool": "true or false",
+             "list": "an array", "table": "a table", "map": "a table", "data": "a value"}
+
+
+class _Validator:
+    def __init__(self) -> None:
+        self.errors: list[tuple[list, str]] = []
+
+    def err(self, path: list, message: str) -> None:
+        self.errors.append((list(path), message))
+
+    def check(self, value: Any, f: Field, path: list) -> None:
+        kind = f.kind
+        ok_type = {
+            "str": isinstance(value, str),
+            "int": isinstance(value, int) and not isinstance(value, bool),
+            "number": isinstance(value, (int, float)) and not isinstance(value, bool),
+            "bool": isinstance(value, bool),
+            "list": isinstance(value, list),
+            "table": isinstance(value, dict),
+            "map": isinstance(value, dict),
+            "data": True,
+        }[kind]
+        if not ok_type:
+            self.err(path, f"{value!r} is {_type_name(value)}; expected {_KIND_DOC[kind]}")
+            return
+        if f.allowed is not None and value not in f.allowed:
+            self.err(path, f"{value!r} is not allowed; allowed values: {', '.join(map(repr, f.allowed))}")
+        if f.pattern is not None and not f.pattern.match(value):
+            self.err(path, f"{value!r} is not valid; expected {f.pattern_doc}")
+        if f.minimum is not None and value < f.minimum:
+            self.err(path, f"{value!r} is too small; expected {_KIND_DOC[kind]} >= {f.minimum}")
+        if kind == "list":
+            if f.nonempty and not value:
+                self.err(path, "is empty; expected at least one item")
+            seen: list = []
+            for i, item in enumerate(value):
+                if f.unique and item in seen:
+                    self.err(path + [i], f"{item!r} is a duplicate")
+                seen.append(item)
+                if f.items is not None:
+                    self.check(item, f.items, path + [i])
+        elif kind == "table":
+            self._table(value, f, path)
+        elif kind == "map":
+            for key, item in value.items():
+                if f.keys is not None and key not in f.keys:
+                    self.err(path + [key], f"unknown key {key!r}; allowed keys: {', '.join(map(repr, f.keys))}")
+                    continue
+                if f.values is not None:
+                    self.check(item, f.values, path + [key])
+        elif kind == "data":
+            self._data(value, path)
+
+    def _table(self, value: dict, f: Field, path: list) -> None:
+        known = f.fields or {}
+        for key, sub in known.items():
+            if sub.required and key not in value:
+                self.err(path + [key], f"required key is missing (expected {_KIND_DOC[sub.kind]})")
+        for key, item in value.items():
+            if key in known:
+                self.check(item, known[key], path + [key])
+            elif f.rest is not None:
+                self.check(item, f.rest, path + [key])
+            else:
+                allowed = ", ".join(known) or "none"
+                self.err(path + [key], f"unknown key {key!r}; allowed keys: {allowed}")
+
+    def _data(self, value: Any, path: list) -> None:
+        """Free settings: plain TOML data only (no dates: they would not round-trip to JSON)."""
+        if isinstance(value, dict):
+            for k, v in value.items():
+                self._data(v, path + [k])
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                self._data(v, path + [i])
+        elif not isinstance(value, (str, int, float, bool)):
+            self.err(path, f"{value!r} is {_type_name(value)}; expected a string, number, boolean, array or table")
+
+
+def find_line(text: str, path: list) -> int | None:
+    """Best-effort line number (1-based) where the key ``path`` is written in TOML ``text``.
+
+    Scores each line by how many leading keys of the path it accounts for: a ``[a.b]`` header,
+    a ``key =`` line inside the current table, and keys of inline tables on that line.
+    """
+    keys = [str(p) for p in path if not isinstance(p, int)]
+    best, best_score = None, 0
+    section: tuple[str, ...] = ()
+    for lineno, line in enumerate(text.splitlines(), 1):
+        stripped = line.split("#", 1)[0].strip()
+        header = re.match(r"^\[\[?\s*([^\]]+?)\s*\]\]?$", stripped)
+        if header:
+            section = tuple(p.strip().strip("\"'") for p in header.group(1).split("."))
+            n = len(section)
+            score = n if tuple(keys[:n]) == section else 0
+        else:
+            n = len(section)
+            score = 0
+            m = re.match(r"^[\"']?([\w.-]+?)[\"']?\s*=", stripped)
+            if m and tuple(keys[:n]) == section and len(keys) > n and m.group(1) == keys[n]:
+                score = n + 1
+                rest = stripped[m.end():]
+                for deeper in keys[n + 1:]:
+                    hit = re.search(rf"(?<![\w-])[\"']?{re.escape(deeper)}[\"']?\s*=", rest)
+                    if not hit:
+                        break
+                    score += 1
+                    rest = rest[hit.end():]
+        if score > best_score:
+            best, best_score = lineno, score
+    return best
+
+
+# --------------------------------------------------------------------------- loading
+
+def load_spec(path: str | Path) -> Spec:
+    """Read, validate and normalise a spec. Raises SpecError listing every problem."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise SpecError(f"spec file {path} does not exist",
+                        "pass the path of a fastpath.toml, or set [tool.fastpath] default_spec in pyproject.toml") from None
+    except OSError as exc:
+        raise SpecError(f"cannot read spec file {path}: {exc.strerror}", "check the path and its permissions") from None
+    text = raw.decode("utf-8", errors="replace")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path}: not valid TOML: {exc}", "fix the TOML syntax at the position shown") from None
+
+    v = _Validator()
+    v.check(data, SCHEMA, [])
+    if not v.errors:
+        _semantic_checks(data, v)
+    if v.errors:
+        lines = []
+        for key_path, message in v.errors:
+            line = find_line(text, key_path)
+            where = f"{path}:{line}" if line else str(path)
+            lines.append(f"{where}: {_fmt_path(key_path)}: {message}")
+        raise SpecError(
+            f"invalid spec ({len(lines)} problem{'s' if len(lines) > 1 else ''}):\n  " + "\n  ".join(lines),
+            "edit the keys named above; the schema is fastpath/spec.py SCHEMA",
+        )
+    return _build(path, data, text, hashlib.sha256(raw).hexdigest())
+
+
+def _semantic_checks(data: dict, v: _Validator) -> None:
+    """Rules that relate several keys."""
+    max_context = data["features"]["max_context"]
+    for i, c in enumerate(data["scope"]["context_lengths"]):
+        if c > max_context:
+            v.err(["scope", "context_lengths", i], f"{c} exceeds features.max_context = {max_context}")
+    if not data["tiers"]:
+        v.err(["tiers"], "no tier defined; expected at least one of 'smoke', 'full'")
+    for tier_name, tier in data["tiers"].items():
+        dtype = tier.get("engine_options", {}).get("dtype")
+        if dtype is not None and dtype not in DTYPES:
+            v.err(["tiers", tier_name, "engine_options", "dtype"],
+                  f"{dtype!r} is not allowed; allowed values: {', '.join(map(repr, DTYPES))}")
+    gates = [k for k in data["gates"] if k != "version"]
+    if not gates:
+        v.err(["gates"], "no gate defined; expected at least one [gates.NAME] table with a 'suite'")
+
+
+def _build(path: Path, data: dict, text: str, digest: str) -> Spec:
+    scope = {**SCOPE_DEFAULTS, **data["scope"]}
+    features = {**FEATURE_DEFAULTS, **data["features"]}
+    tiers = {}
+    for name, t in data["tiers"].items():
+        options = dict(t.get("engine_options", {}))
+        tier_scope = {**scope, **{k: t[k] for k in SCOPE_OVERRIDES if k in t}}
+        dtypes = list(t.get("dtypes") or [options.get("dtype", "float32")])
+        tiers[name] = Tier(name, options, tier_scope, dtypes, t.get("max_context", features["max_context"]))
+    gates_data = data["gates"]
+    gates = Gates(gates_data["version"], {k: dict(v) for k, v in gates_data.items() if k != "version"})
+    fp = data["fastpath"]
+    return Spec(
+        path=path, name=fp["name"], engine=fp["engine"], description=fp.get("description", ""),
+        switch=dict(data["switch"]), source_globs=list(data["sources"]["globs"]), scope=scope,
+        features=features, kernel_names=(data.get("kernels") or {}).get("names"), tiers=tiers,
+        gates=gates, raw_text=text, digest=digest,
+    )

@@ -1,0 +1,388 @@
+"""``fastpath verify``: run the suites, judge the gates, write (and sign) the bundle.
+
+Run directory (``--out DIR``)::
+
+    DIR/state/run.json            spec path + digest, tier, suites dir (what --resume continues)
+    DIR/state/plan.json           the plan the suites read
+    DIR/state/rows/<suite>.jsonl  rows as they come (fsync per row)
+    DIR/state/done/<suite>.json   completion marker: a suite with one is never rerun on resume
+    DIR/state/logs/<suite>.log    pytest output of the suite
+    DIR/NAME.fastpath/ + DIR/NAME.fastpath.tar.gz   the bundle
+
+Each suite runs in its own ``pytest.main`` call. An interrupted suite (Ctrl-C, crash) has no
+marker, so ``--resume DIR`` reruns it from scratch and skips the finished ones. Whatever
+happens, a bundle is only signed when every suite of the plan finished, and a run that did
+not is "incomplete" (exit 3), never "pass".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from fastpath.errors import FastpathError, UsageError
+from fastpath.gates import Verdict, evaluate
+from fastpath.plan import Plan, build_plan
+from fastpath.results import make_row, read_rows, rows_frame, write_json_atomic
+from fastpath.spec import Spec, load_spec
+
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
+# pytest exit codes after which a suite counts as finished (its rows are its verdict).
+PYTEST_FINISHED = (0, 1, 5)
+
+
+@dataclass
+class VerifyOptions:
+    spec: Path | None = None
+    tier: str = "auto"
+    out: Path | None = None
+    only: list[str] | None = None
+    resume: Path | None = None
+    key: Path | None = None
+    suites_dir: Path | None = None
+    argv: list[str] = field(default_factory=lambda: list(sys.argv))
+
+
+@dataclass
+class VerifyResult:
+    exit_code: int
+    verdict: str
+    run_dir: Path
+    bundle_dir: Path | None = None
+    archive: Path | None = None
+    signed: bool = False
+    message: str = ""
+
+
+# --------------------------------------------------------------------------- locating things
+
+def find_pyproject(start: Path) -> Path | None:
+    for d in [start.resolve(), *start.resolve().parents]:
+        if (d / "pyproject.toml").is_file():
+            return d / "pyproject.toml"
+    return None
+
+
+def default_spec(cwd: Path) -> Path:
+    """[tool.fastpath] default_spec of the nearest pyproject.toml."""
+    pyproject = find_pyproject(cwd)
+    if pyproject is None:
+        raise UsageError(f"no spec given and no pyproject.toml above {cwd}",
+                         "pass the spec: fastpath verify path/to/fastpath.toml")
+    try:
+        value = tomllib.loads(pyproject.read_text())["tool"]["fastpath"]["default_spec"]
+    except (KeyError, tomllib.TOMLDecodeError):
+        raise UsageError(f"no spec given and {pyproject} has no [tool.fastpath] default_spec",
+                         "pass the spec, or add default_spec = \"path/to/fastpath.toml\" under [tool.fastpath]") from None
+    return pyproject.parent / value
+
+
+def repo_root_for(spec_path: Path) -> Path:
+    """The project the spec belongs to: the directory of the nearest pyproject.toml."""
+    pyproject = find_pyproject(spec_path.parent)
+    return pyproject.parent if pyproject else Path.cwd()
+
+
+def detect_tier(spec: Spec) -> tuple[str, str]:
+    """full when a CUDA GPU whose arch is in scope.hardware is present, else smoke (and why)."""
+    if importlib.util.find_spec("torch") is None:
+        return "smoke", "torch is not installed"
+    import torch  # only now: importing torch costs seconds
+
+    if not torch.cuda.is_available():
+        return "smoke", "no CUDA GPU"
+    major, minor = torch.cuda.get_device_capability(0)
+    arch = f"sm_{major}{minor}"
+    if arch not in spec.scope["hardware"]:
+        return "smoke", f"GPU arch {arch} is not in scope.hardware {spec.scope['hardware']}"
+    if "full" not in spec.tiers:
+        return "smoke", "the spec defines no full tier"
+    return "full", f"{torch.cuda.get_device_name(0)} ({arch}) is in scope"
+
+
+# --------------------------------------------------------------------------- run state
+
+class RunState:
+    """The files under DIR/state (see the module docstring)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.root = run_dir / "state"
+
+    @property
+    def exists(self) -> bool:
+        return (self.root / "run.json").is_file()
+
+    def run_info(self) -> dict:
+        return json.loads((self.root / "run.json").read_text())
+
+    def rows_path(self, suite: str) -> Path:
+        return self.root / "rows" / f"{suite}.jsonl"
+
+    def log_path(self, suite: str) -> Path:
+        return self.root / "logs" / f"{suite}.log"
+
+    def marker(self, suite: str) -> dict | None:
+        path = self.root / "done" / f"{suite}.json"
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def mark(self, suite: str, status: str, **info: Any) -> None:
+        write_json_atomic({"suite": suite, "status": status, **info}, self.root / "done" / f"{suite}.json")
+
+    def suite_state(self, plan: Plan) -> dict[str, str]:
+        return {s: (self.marker(s) or {}).get("status", "not_run") for s in plan.suites}
+
+    def all_rows(self, plan: Plan) -> list[dict]:
+        """Rows of the suites that finished; rows of an interrupted attempt do not count."""
+        rows: list[dict] = []
+        for suite in plan.suites:
+            if self.marker(suite) is not None:
+                rows += read_rows(self.rows_path(suite))
+        return rows
+
+
+# --------------------------------------------------------------------------- progress
+
+class ProgressHook:
+    """A pytest plugin object: prints a line per new row and notices Ctrl-C."""
+
+    def __init__(self, rows_path: Path, console: Any, on_case: Any) -> None:
+        self.rows_path, self.console, self.on_case = rows_path, console, on_case
+        self.seen = 0
+        self.interrupted = False
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
+        rows = read_rows(self.rows_path)
+        for row in rows[self.seen:]:
+            mark = {"pass": "[green]✓[/]", "fail": "[red]✗[/]", "error": "[red]![/]", "waived": "[yellow]~[/]"}
+            value = "" if row.get("value") is None else f" = {row['value']:.4g}"
+            self.console.print(f"  {mark.get(row['status'], '?')} {row['case_id']}  {row['gate']}: "
+                               f"{row['metric']}{value} {row.get('message') or ''}".rstrip()[:200],
+                               highlight=False)
+        self.seen = len(rows)
+        self.on_case()
+
+    def pytest_keyboard_interrupt(self, excinfo: Any) -> None:
+        self.interrupted = True
+
+
+# --------------------------------------------------------------------------- the run
+
+class Interrupted(Exception):
+    pass
+
+
+def verify(opts: VerifyOptions, console: Any = None) -> VerifyResult:
+    from rich.console import Console
+
+    console = console or Console(file=sys.stdout)
+    # Pin the stream now: suites run with sys.stdout redirected to their log file.
+    console.file = console.file
+    spec, tier, run_dir, state, suites_dir, repo_root = _prepare(opts, console)
+    plan = build_plan(spec, tier)
+    write_json_atomic(plan.to_json(), state.root / "plan.json")
+
+    selected = _selected_suites(plan, opts.only)
+    todo = [s for s in selected if (state.marker(s) or {}).get("status") != "done"]
+    skipped = [s for s in selected if s not in todo]
+    if skipped:
+        console.print(f"[dim]already done in {run_dir}: {', '.join(skipped)}[/]")
+
+    interrupted = False
+    try:
+        _run_suites(todo, spec, plan, state, suites_dir, console)
+    except (Interrupted, KeyboardInterrupt):
+        interrupted = True
+
+    result = _finish(spec, plan, state, repo_root, opts, console, sign=not interrupted)
+    if interrupted:
+        result.exit_code, result.verdict = EXIT_INCOMPLETE, "incomplete"
+        result.message = (f"interrupted: finished suites are kept in {run_dir}; continue with "
+                          f"`fastpath verify --resume {run_dir}`")
+    return result
+
+
+def _prepare(opts: VerifyOptions, console: Any) -> tuple[Spec, str, Path, RunState, Path, Path]:
+    if opts.resume is not None:
+        state = RunState(Path(opts.resume))
+        if not state.exists:
+            raise UsageError(f"{opts.resume} holds no fastpath run (no state/run.json)",
+                             "pass the --out directory of an earlier `fastpath verify`")
+        info = state.run_info()
+        spec_path = Path(opts.spec or info["spec_path"])
+        spec = load_spec(spec_path)
+        if spec.digest != info["spec_digest"]:
+            raise UsageError(f"the spec {spec_path} changed since the run in {opts.resume} started",
+                             "results of different specs cannot be mixed: start a new run with a new --out")
+        if opts.tier not in ("auto", info["tier"]):
+            raise UsageError(f"the run in {opts.resume} is tier {info['tier']!r}, not {opts.tier!r}",
+                             "drop --tier when resuming, or start a new run")
+        tier = info["tier"]
+        suites_dir = Path(opts.suites_dir or info["suites_dir"])
+        repo_root = Path(info["repo_root"])
+        return spec, tier, state.run_dir, state, suites_dir, repo_root
+
+    spec_path = Path(opts.spec) if opts.spec else default_spec(Path.cwd())
+    spec = load_spec(spec_path)
+    repo_root = repo_root_for(spec_path)
+    if opts.tier == "auto":
+        tier, why = detect_tier(spec)
+        console.print(f"tier [bold]{tier}[/] ({why})")
+    else:
+        tier = opts.tier
+    spec.tier(tier)  # a SpecError naming the defined tiers if missing
+    run_dir = Path(opts.out) if opts.out else repo_root / "out" / f"{spec.name}-{tier}-{time.strftime('%Y%m%d-%H%M%S')}"
+    state = RunState(run_dir)
+    if state.exists:
+        raise UsageError(f"{run_dir} already holds a run",
+                         f"continue it with `fastpath verify --resume {run_dir}`, or choose another --out")
+    suites_dir = Path(opts.suites_dir) if opts.suites_dir else repo_root / "suites"
+    write_json_atomic({"spec_path": str(spec_path.resolve()), "spec_digest": spec.digest, "tier": tier,
+                       "suites_dir": str(suites_dir.resolve()), "repo_root": str(repo_root.resolve())},
+                      state.root / "run.json")
+    return spec, tier, run_dir, state, suites_dir, repo_root
+
+
+def _selected_suites(plan: Plan, only: list[str] | None) -> list[str]:
+    if not only:
+        return list(plan.suites)
+    unknown = [s for s in only if s not in plan.suites]
+    if unknown:
+        raise UsageError(f"--only names unknown suite(s): {', '.join(unknown)}",
+                         f"choose from the plan's suites: {', '.join(plan.suites)}")
+    return [s for s in plan.suites if s in only]
+
+
+def _run_suites(todo: list[str], spec: Spec, plan: Plan, state: RunState, suites_dir: Path, console: Any) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        overall = progress.add_task("suites", total=len(todo))
+        for suite in todo:
+            cases, waivers = plan.for_suite(suite)
+            task = progress.add_task(f"  {suite}", total=len(cases) + len(waivers))
+            console.print(f"[bold]{suite}[/]: {len(cases)} cases, {len(waivers)} waived by the plan")
+            _run_one_suite(suite, spec, plan, state, suites_dir, progress.console,
+                           lambda: progress.advance(task))
+            progress.update(task, completed=len(cases) + len(waivers))
+            progress.advance(overall)
+
+
+def _run_one_suite(suite: str, spec: Spec, plan: Plan, state: RunState, suites_dir: Path, console: Any,
+                   on_case: Any) -> None:
+    import pytest
+
+    rows_path = state.rows_path(suite)
+    rows_path.parent.mkdir(parents=True, exist_ok=True)
+    rows_path.unlink(missing_ok=True)  # an interrupted attempt's rows are not evidence
+    module = suites_dir / f"test_{suite}.py"
+    if not module.is_file():
+        _suite_crashed(state, suite, f"no suite module {module}")
+        console.print(f"[red]{suite}: no suite module {module}[/]")
+        return
+    ini = state.root / "pytest.ini"  # isolates suites from the host project's pytest settings
+    ini.write_text("[pytest]\n")
+    args = [str(module), "-c", str(ini), "--rootdir", str(suites_dir), "--confcutdir", str(suites_dir),
+            "-p", "fastpath.pytest_plugin", "-p", "no:cacheprovider", "--import-mode=importlib",
+            "--capture=sys", "-q", "-rfEs", "--tb=short", "--no-header",
+            "--fastpath-spec", str(spec.path), "--fastpath-tier", plan.tier,
+            "--fastpath-plan", str(state.root / "plan.json"), "--fastpath-rows", str(rows_path),
+            "--fastpath-suite", suite]
+    hook = ProgressHook(rows_path, console, on_case)
+    log_path = state.log_path(suite)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    before = set(sys.modules)
+    try:
+        with open(log_path, "w", encoding="utf-8") as log:
+            with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+                code = int(pytest.main(args, plugins=[hook]))
+    finally:
+        _forget_suite_modules(before, suites_dir)
+    if hook.interrupted:
+        raise Interrupted(suite)
+    if code in PYTEST_FINISHED:
+        state.mark(suite, "done", pytest_exit=code)
+    else:
+        _suite_crashed(state, suite, f"pytest exit code {code} (collection or internal error); see logs/{suite}.log")
+        console.print(f"[red]{suite}: could not run (pytest exit {code}); see {log_path}[/]")
+
+
+def _forget_suite_modules(before: set[str], suites_dir: Path) -> None:
+    """Drop suite modules imported by this run: pytest would reuse a stale one next time."""
+    root = suites_dir.resolve()
+    for name in set(sys.modules) - before:
+        file = getattr(sys.modules[name], "__file__", None)
+        if file and Path(file).resolve().is_relative_to(root):
+            del sys.modules[name]
+
+
+def _suite_crashed(state: RunState, suite: str, message: str) -> None:
+    """A suite that could not run: one error row says why; its cases end up 'no result'."""
+    from fastpath.results import RowWriter
+
+    with RowWriter(state.rows_path(suite)) as writer:
+        writer.write(make_row(suite, f"{suite}/suite", "", "suite", status="error", message=message))
+    state.mark(suite, "crashed", message=message)
+
+
+def _finish(spec: Spec, plan: Plan, state: RunState, repo_root: Path, opts: VerifyOptions, console: Any,
+            sign: bool) -> VerifyResult:
+    """Rows -> verdict -> bundle (always, marked incomplete if so) -> signature (complete only) -> archive."""
+    from fastpath import bundle as bundle_mod
+    from fastpath.digest import source_digest
+    from fastpath.environment import capture
+
+    verdict = evaluate(spec, rows_frame(state.all_rows(plan)), plan, plan.tier, state.suite_state(plan))
+    summary = verdict.to_summary()
+    write_json_atomic(summary, state.root / "summary.json")
+    try:
+        digest = source_digest(repo_root, spec.source_globs)
+    except ValueError as exc:
+        raise FastpathError(f"cannot digest the fast-path sources: {exc}",
+                            "fix [sources] globs in the spec so each matches files under the project root") from None
+    environment = capture(opts.argv, {"plan": "seeds are fixed in the suites"}, repo_root)
+    bundle_dir = bundle_mod.write_bundle(
+        state.run_dir / f"{spec.name}.fastpath", spec_path=spec.path, plan=plan.to_json(), rows=verdict.rows,
+        summary=summary, environment=environment, logs_dir=state.root / "logs", source_digest=digest)
+    signed = False
+    if opts.key and sign and verdict.complete:
+        from fastpath.signing import sign_bundle
+
+        sign_bundle(bundle_dir, Path(opts.key))
+        signed = True
+    archive = bundle_mod.pack(bundle_dir)
+    _print_verdict(verdict, console)
+    code = {"pass": EXIT_PASS, "fail": EXIT_FAIL}.get(verdict.verdict, EXIT_INCOMPLETE)
+    message = f"bundle {archive}" + (" (signed)" if signed else " (not signed)")
+    if not verdict.complete:
+        missing = [s for s, st in verdict.suites.items() if st == "not_run"]
+        message += (f"; incomplete: suites not run yet: {', '.join(missing)}. Run them with "
+                    f"`fastpath verify --resume {state.run_dir} --only {','.join(missing)}`")
+    return VerifyResult(code, verdict.verdict, state.run_dir, bundle_dir, archive, signed, message)
+
+
+def _print_verdict(verdict: Verdict, console: Any) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"gates ({verdict.tier} tier)")
+    for col in ("gate", "suite", "status", "rows", "failed", "reason"):
+        table.add_column(col)
+    colour = {"pass": "green", "fail": "red", "missing": "red", "waived": "yellow"}
+    for g in verdict.gates.values():
+        table.add_row(g.name, g.suite, f"[{colour[g.status]}]{g.status}[/]", str(g.rows), str(g.failed), g.reason)
+    console.print(table)
+    for row in verdict.failing_rows[:50]:
+        console.print(f"  [red]✗[/] {row['case_id']} {row['gate'] or '(no gate)'}: {row['metric']} "
+                      f"{row['message'] or ''}".rstrip()[:300], highlight=False)
+    if len(verdict.failing_rows) > 50:
+        console.print(f"  … {len(verdict.failing_rows) - 50} more failing rows in summary.json")
+    style = {"pass": "bold green", "fail": "bold red"}.get(verdict.verdict, "bold yellow")
+    console.print(f"verdict: [{style}]{verdict.verdict.upper()}[/]")

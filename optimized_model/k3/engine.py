@@ -1,0 +1,227 @@
+"""EmbeddedEngine: K3-mini in process, on CPU or one GPU (DESIGN §3.3; entry point "embedded").
+
+    engine = fastpath.engine.create_engine("embedded", config="tiny", device="cpu", dtype="float16")
+    model = engine.load("standard" | "fast" | "oracle")
+
+Options: ``config`` "tiny" | "mini"; ``device`` "cpu" | "cuda"; ``dtype`` (default bfloat16 on
+cuda, float32 on cpu); ``seed`` (weights); ``use_graphs`` (default: True on cuda).
+
+Paths share one set of weights: "standard" and "fast" use the same K3Model (the fast path
+reads its tensors); "oracle" is the same weights upcast to fp32 with the torch recurrence and
+the expert loop. "fast" builds the fast decoder through
+``optimized_model.k3.fast.hooks.build_fast_decoder(model, state_factory)`` (imported only then);
+if it is missing, raises, or returns None, ``load("fast")`` raises ``FastPathUnavailable`` —
+the standard path is never run under the name "fast".
+
+On CPU the engine sets ``TRITON_INTERPRET=1`` before anything from optimized_model.k3.fast is
+imported (fast Triton kernels then run in Triton's interpreter) and reports it in ``info()``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+from typing import Any
+
+import torch
+
+from .config import active_bytes_per_token, get_config, param_counts
+
+PATHS = ("standard", "fast", "oracle")
+_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
+           "fp16": torch.float16, "half": torch.float16, "float32": torch.float32, "fp32": torch.float32}
+
+
+class FastPathUnavailable(RuntimeError):
+    pass
+
+
+def _parse_dtype(dtype: Any, device: str) -> torch.dtype:
+    if dtype is None:
+        return torch.bfloat16 if device == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    key = str(dtype).replace("torch.", "")
+    if key not in _DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not supported; use one of bfloat16, float16, float32")
+    return _DTYPES[key]
+
+
+class K3LoadedModel:
+    """A loaded model on one path (implements fastpath.engine.Model)."""
+
+    def __init__(self, path: str, model, runner, tokenizer):
+        self.path = path
+        self.model = model
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.device = model.device.type
+
+    def generate(self, requests):
+        from .generate import generate
+
+        if not requests:
+            return []
+        self.runner.reserve = max(int(r.max_tokens) for r in requests) + 1
+        return generate(self.runner, self.tokenizer, requests)
+
+    def score(self, token_ids: list[list[int]]) -> list[torch.Tensor]:
+        """Teacher-forced fp32 logits [len, vocab] per sequence (one batched ragged prefill)."""
+        if not token_ids:
+            return []
+        lens = [len(t) for t in token_ids]
+        if min(lens) < 1:
+            raise ValueError("score: empty sequence")
+        B, T = len(lens), max(lens)
+        self.runner._select(B, T, "prefill")
+        tokens = torch.zeros(B, T, dtype=torch.long)
+        for b, t in enumerate(token_ids):
+            tokens[b, : lens[b]] = torch.as_tensor(t, dtype=torch.long)
+        state = self.model.new_state(B, T)
+        logits = self.model.prefill(tokens.to(self.model.device), torch.as_tensor(lens).to(self.model.device),
+                                    state, all_logits=True)
+        return [logits[b, : lens[b]].cpu() for b in range(B)]
+
+    def decode_step(self, batch: int, context: int, draft: int = 0):
+        return self.runner.decode_step(batch, context, draft)
+
+    def prefill_step(self, batch: int, context: int):
+        return self.runner.prefill_step(batch, context)
+
+    def mixed_step(self, batch: int, context: int):
+        return self.runner.mixed_step(batch, context)
+
+    def close(self) -> None:
+        self.runner = None
+        self.model = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+class EmbeddedEngine:
+    """Implements fastpath.engine.Engine for K3-mini."""
+
+    name = "embedded"
+
+    def __init__(self, config: str = "tiny", device: str = "cpu", dtype: Any = None, seed: int = 0,
+                 use_graphs: bool | None = None, **unknown: Any):
+        if unknown:
+            raise TypeError(f"embedded engine: unknown option(s) {sorted(unknown)}; known: config, device, "
+                            "dtype, seed, use_graphs")
+        self.cfg = get_config(config)
+        device = str(device)
+        if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+            raise ValueError(f"device {device!r}: use 'cpu' or 'cuda'")
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise RuntimeError(
+                f"device={device!r} requested but no CUDA GPU is usable here (torch {torch.__version__}, "
+                f"torch.version.cuda={torch.version.cuda}, torch.cuda.is_available() is False). Fix: run "
+                "on a machine with an NVIDIA GPU and a CUDA build of torch, or use the CPU tier "
+                "(config='tiny', device='cpu', dtype='float16')."
+            )
+        self.device = torch.device(device)
+        self.dtype = _parse_dtype(dtype, self.device.type)
+        self.seed = int(seed)
+        self.use_graphs = use_graphs
+        if self.device.type == "cpu":
+            # before anything from optimized_model.k3.fast is imported (docs/architecture.md)
+            os.environ["TRITON_INTERPRET"] = "1"
+        self._models: dict[str, Any] = {}
+
+    # -- protocol ------------------------------------------------------------------------------
+    def info(self) -> dict[str, Any]:
+        if self.device.type == "cuda":
+            major, minor = torch.cuda.get_device_capability(self.device)
+            arch, name = f"sm_{major}{minor}", torch.cuda.get_device_name(self.device)
+        else:
+            arch, name = "cpu", platform.processor() or platform.machine() or "cpu"
+        pc = param_counts(self.cfg)
+        return {
+            "engine": self.name,
+            "device": self.device.type,
+            "arch": arch,
+            "device_name": name,
+            "model_config": self.cfg.name,
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "triton_interpreter": os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
+            "seed": self.seed,
+            "params_total": pc["total"],
+            "params_active_per_token": pc["active_per_token"],
+            "active_bytes_per_token": active_bytes_per_token(self.cfg, torch.finfo(self.dtype).bits // 8),
+            "vocab_size": self.cfg.vocab_size,
+            "torch": torch.__version__,
+            "cuda_graphs": self._graphs_on(),
+        }
+
+    def _graphs_on(self) -> bool:
+        return self.device.type == "cuda" if self.use_graphs is None else bool(self.use_graphs)
+
+    def _model(self, oracle: bool):
+        from .model import K3Model
+
+        key = "oracle" if oracle else "standard"
+        if key not in self._models:
+            self._models[key] = K3Model.build(self.cfg, device=self.device, dtype=self.dtype, seed=self.seed,
+                                              oracle=oracle)
+        return self._models[key]
+
+    def load(self, path: str) -> K3LoadedModel:
+        from .runner import K3Runner
+        from .tokenizer import K3Tokenizer
+
+        if path not in PATHS:
+            raise ValueError(f"path {path!r}: use one of {', '.join(PATHS)}")
+        tok = K3Tokenizer()
+        if path == "oracle":
+            model = self._model(oracle=True)
+            return K3LoadedModel(path, model, K3Runner(model, use_graphs=False), tok)
+        model = self._model(oracle=False)
+        if path == "standard":
+            return K3LoadedModel(path, model, K3Runner(model, use_graphs=self._graphs_on()), tok)
+        decoder = self._build_fast(model)
+        runner = K3Runner(model, use_graphs=self._graphs_on(), fast_decoder=decoder, fast_mode=True)
+        return K3LoadedModel(path, model, runner, tok)
+
+    def _build_fast(self, model):
+        ok, why = self.fast_path_available()
+        if not ok:
+            raise FastPathUnavailable(f"fast path unavailable: {why}")
+        try:
+            from .fast import hooks
+
+            if not hooks.switch_on({hooks.SWITCH_KEY: hooks.SWITCH_VALUE}):
+                raise FastPathUnavailable("the fast path's switch did not turn on")
+            decoder = hooks.build_fast_decoder(
+                model, lambda batch, max_context: model.new_state(batch, max_context))
+        except FastPathUnavailable:
+            raise
+        except Exception as exc:
+            raise FastPathUnavailable(f"fast path unavailable: building it failed with "
+                                      f"{type(exc).__name__}: {exc}") from exc
+        if decoder is None:
+            raise FastPathUnavailable("fast path unavailable: build_fast_decoder returned None here")
+        return decoder
+
+    def fast_path_available(self) -> tuple[bool, str]:
+        try:
+            if importlib.util.find_spec("optimized_model.k3.fast.runtime") is None:
+                return False, "fast path not built yet (optimized_model/k3/fast/runtime.py is missing)"
+            from .fast import hooks
+        except Exception as exc:
+            return False, f"fast path not importable ({type(exc).__name__}: {exc})"
+        return hooks.fast_path_available()
+
+    def components(self) -> list[Any]:
+        try:
+            from .fast import registry
+        except Exception:
+            return []
+        return list(registry.components())
+
+    def kernels(self) -> list[Any]:
+        try:
+            from .fast import registry
+        except Exception:
+            return []
+        return list(registry.kernels())

@@ -1,0 +1,158 @@
+"""The fast path's switch and its one dispatch point (DESIGN §1, §3.4).
+
+How the model code (optimized_model/k3) uses this module::
+
+    from optimized_model.k3.fast import hooks
+
+    if hooks.switch_on(additional_config):              # {"decode_backend": "latency_specialized"}
+        self.fast = hooks.build_fast_decoder(model, state_factory)   # None -> unavailable
+    ...
+    # every step, before running it:
+    fast = hooks.select_decode(batch, context, kind, decoder=self.fast)
+    if fast is None:
+        ... standard path (every component was reported as refused with the reason) ...
+    else:
+        logits = fast.decode(tokens, state)            # or fast.decode_step(batch, context)
+
+``select_decode`` is the single traceable decision point: it either returns the fast decoder
+(in-scope decode step; the decoder then reports ``engaged`` per component as it runs) or
+reports ``refused(component, reason)`` for every fast component and returns None.
+
+Reasons (docs/architecture.md): ``prefill``, ``mixed_batch``, ``batch_out_of_scope``,
+``context_out_of_scope``, ``fast_path_unavailable``. The switch being off reports nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable
+
+from fastpath import trace
+
+from .registry import COMPONENT_NAMES
+
+SWITCH_KEY = "decode_backend"
+SWITCH_VALUE = "latency_specialized"
+SPEC_PATH = Path(__file__).resolve().parent.parent / "fastpath.toml"
+
+# Step kinds the caller may pass, and the refusal reason each maps to.
+KIND_REASONS = {"prefill": "prefill", "mixed": "mixed_batch", "mixed_batch": "mixed_batch"}
+
+
+def switch_on(config: Any) -> bool:
+    """True iff the opt-in switch is set: ``config`` is a mapping (vLLM's additional_config)
+    or an object with a ``decode_backend`` attribute, or the switch value itself."""
+    if config is None:
+        return False
+    if isinstance(config, str):
+        return config == SWITCH_VALUE
+    if isinstance(config, dict):
+        return config.get(SWITCH_KEY) == SWITCH_VALUE
+    return getattr(config, SWITCH_KEY, None) == SWITCH_VALUE
+
+
+@lru_cache(maxsize=1)
+def scope() -> dict:
+    """The fast path's declared scope, read from the spec beside the model (one source of truth).
+    Returns {"batch_sizes": [...], "context_lengths": [...], "max_context": int}."""
+    try:
+        with open(SPEC_PATH, "rb") as fh:
+            spec = tomllib.load(fh)
+        sc = spec.get("scope", {})
+        batch = sorted(int(b) for b in sc.get("batch_sizes", [1, 2, 4, 8, 16, 32, 64]))
+        ctx = sorted(int(c) for c in sc.get("context_lengths", [32768]))
+        max_ctx = int(spec.get("features", {}).get("max_context", max(ctx)))
+    except (OSError, tomllib.TOMLDecodeError):  # pragma: no cover - spec always shipped
+        batch, ctx, max_ctx = [1, 2, 4, 8, 16, 32, 64], [32768], 32768
+    return {"batch_sizes": batch, "context_lengths": ctx, "max_context": max_ctx}
+
+
+def graph_batch(batch: int) -> int:
+    """The captured batch size a step of ``batch`` sequences runs in (next scope size up)."""
+    for b in scope()["batch_sizes"]:
+        if b >= batch:
+            return b
+    raise ValueError(f"batch {batch} is out of the fast path's scope")
+
+
+def interpreter_on() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def fast_path_available() -> tuple[bool, str]:
+    """(True, "") when the fast kernels can run here: a CUDA device with Triton, or Triton's
+    interpreter (TRITON_INTERPRET=1, CPU tests). Otherwise (False, reason)."""
+    try:
+        import triton  # noqa: F401
+    except Exception as exc:  # pragma: no cover - triton is a model dependency
+        return False, f"triton is not importable ({exc})"
+    try:
+        import torch
+    except Exception as exc:  # pragma: no cover
+        return False, f"torch is not importable ({exc})"
+    if torch.cuda.is_available() and not interpreter_on():
+        return True, ""
+    if interpreter_on():
+        return True, ""
+    return False, "no CUDA device and no Triton interpreter (set TRITON_INTERPRET=1 for CPU runs)"
+
+
+def refuse_all(reason: str, **shape: Any) -> None:
+    """Report ``refused(component, reason)`` for every fast component."""
+    for name in COMPONENT_NAMES:
+        trace.refused(name, reason, **shape)
+
+
+def decide(batch: int, context: int, kind: str = "decode") -> str | None:
+    """Pure decision (no trace): None if the step is in scope, else the refusal reason."""
+    if kind != "decode":
+        return KIND_REASONS.get(kind, kind)
+    sc = scope()
+    if batch < 1 or batch > sc["batch_sizes"][-1]:
+        return "batch_out_of_scope"
+    if context < 0 or context > sc["max_context"]:
+        return "context_out_of_scope"
+    ok, _ = fast_path_available()
+    if not ok:
+        return "fast_path_unavailable"
+    return None
+
+
+def select_decode(batch: int, context: int, kind: str = "decode", *, decoder: Any = None) -> Any:
+    """THE dispatch point. In-scope decode step with a fast decoder → returns the decoder
+    (a ``runtime.FastDecoder``). Otherwise reports ``refused`` for every component with the
+    reason (``prefill`` | ``mixed_batch`` | ``batch_out_of_scope`` | ``context_out_of_scope``
+    | ``fast_path_unavailable``) and returns None; the caller then runs the standard path.
+
+    ``kind``: "decode" | "prefill" | "mixed". ``decoder``: what ``build_fast_decoder``
+    returned (None means the fast path could not be built → ``fast_path_unavailable``).
+    """
+    reason = decide(batch, context, kind)
+    if reason is None and decoder is None:
+        reason = "fast_path_unavailable"
+    if reason is not None:
+        refuse_all(reason, batch=batch, context=context)
+        return None
+    return decoder
+
+
+def build_fast_decoder(model: Any, state_factory: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """Build the fast decoder for ``model`` (prepacks weights once, allocates static buffers
+    lazily per captured batch size). Returns a ``runtime.FastDecoder``, or None when the fast
+    path cannot run here (then ``fastpath.trace.refused(c, "fast_path_unavailable")`` is
+    reported for every component).
+
+    ``state_factory(batch, max_context)`` → a fresh decode state of the model for a batch
+    (used for the static buffers of CUDA-graph capture and by ``decode_step``). Options:
+    ``max_context`` (default: the spec's), ``use_graphs`` (default: True on CUDA).
+    """
+    ok, why = fast_path_available()
+    if not ok:
+        refuse_all("fast_path_unavailable")
+        return None
+    from .runtime import FastDecoder
+
+    return FastDecoder(model, state_factory, **options)

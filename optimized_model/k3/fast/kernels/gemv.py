@@ -1,0 +1,331 @@
+"""Decode-shaped matmul ``y = x W^T`` (component ``dense_gemv``; also ``lm_head``, ``shared_expert``,
+``norm_residual`` through its prologue/epilogues).
+
+Loop bounds (K) are compile-time constants: Triton 3.6's interpreter cannot iterate over a
+runtime range, and on GPU the few distinct K of a model compile once each.
+
+One Triton kernel, specialised at compile time (constexpr) by the tuning table:
+
+* small-M variant (batch 1–2, ``BLOCK_M`` < 16): each program streams a slab of ``BLOCK_N`` rows
+  of W with wide vector loads along K and reduces with a broadcast-multiply (no tensor cores:
+  at M ≤ 2 the step is pure bandwidth);
+* tiled variant (batch 4–64): ``tl.dot`` tiles, ``BLOCK_M`` ≥ 16;
+* split-K (any variant, ``SPLIT_K`` > 1) when N alone gives too few programs: partial sums go to
+  an fp32 workspace and the LAST program of each output tile (atomic ticket) reduces them in a
+  fixed order and applies the epilogue — one launch, deterministic (no float atomics).
+
+Fused prologues: RMSNorm of x (``norm_weight``; the row's rstd is computed in the program, x is
+tiny and stays in L2), sum over slots of x (``x`` of shape [M, S, K]: the routed experts'
+per-slot outputs are reduced here). Fused epilogues: ``residual`` (y = xWᵀ + r), ``swiglu``
+(W = [gate; up] concatenated, y = silu(x Wgᵀ)·(x Wuᵀ), one pass), ``sigmoid_gate``
+(y = xWᵀ · sigmoid(g)).
+
+Kernel names start with ``fp_gemv`` (profiler patterns in fast/registry.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .entry import KernelSpec, default_dtypes
+
+EPILOGUES = {"none": 0, "residual": 1, "swiglu": 2, "sigmoid_gate": 3}
+
+
+@triton.jit
+def fp_gemv_kernel(
+    X, W, Y, R, NW, WS, CNT,
+    M, N, eps,
+    stride_xm, stride_xs, stride_wn, stride_ym, stride_rm,
+    stride_xg, stride_wg, stride_yg, stride_rg,
+    K: tl.constexpr, K_SPLIT: tl.constexpr, N_TILES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, XSLOTS: tl.constexpr, NORM: tl.constexpr,
+    EPI: tl.constexpr, USE_DOT: tl.constexpr,
+):
+    pid0 = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    # groups (per-head weights, e.g. MLA's absorbed W_uk / W_uv): axis 0 = group * N_TILES + n
+    grp = pid0 // N_TILES
+    pid_n = pid0 % N_TILES
+    X += grp * stride_xg
+    W += grp * stride_wg
+    Y += grp * stride_yg
+    R += grp * stride_rg
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m_ok = rm < M
+    n_ok = rn < N
+
+    # prologue: RMSNorm statistics over the full row of x (cheap; x is L2-resident)
+    if NORM:
+        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + rk
+            xk = tl.load(X + rm[:, None] * stride_xm + kk[None, :],
+                         mask=m_ok[:, None] & (kk[None, :] < K), other=0.0).to(tl.float32)
+            ss += tl.sum(xk * xk, axis=1)
+        rstd = 1.0 / tl.sqrt(ss / K + eps)
+
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    k_lo = pid_s * K_SPLIT
+    for k0 in range(0, K_SPLIT, BLOCK_K):
+        kk = k_lo + k0 + rk
+        k_ok = kk < K
+        xmask = m_ok[:, None] & k_ok[None, :]
+        xk = tl.load(X + rm[:, None] * stride_xm + kk[None, :], mask=xmask, other=0.0).to(tl.float32)
+        for s in tl.static_range(1, XSLOTS):
+            xk += tl.load(X + rm[:, None] * stride_xm + s * stride_xs + kk[None, :],
+                          mask=xmask, other=0.0).to(tl.float32)
+        if NORM:
+            nw = tl.load(NW + kk, mask=k_ok, other=0.0).to(tl.float32)
+            xk = xk * rstd[:, None] * nw[None, :]
+        wmask = n_ok[:, None] & k_ok[None, :]
+        w = tl.load(W + rn[:, None] * stride_wn + kk[None, :], mask=wmask, other=0.0)
+        if EPI == 2:
+            w2 = tl.load(W + (rn[:, None] + N) * stride_wn + kk[None, :], mask=wmask, other=0.0)
+        if USE_DOT:
+            xd = xk.to(w.dtype)
+            acc += tl.dot(xd, tl.trans(w))
+            if EPI == 2:
+                acc2 += tl.dot(xd, tl.trans(w2))
+        else:
+            # round x like a matmul in the working dtype would, then reduce in fp32
+            xr = xk.to(w.dtype).to(tl.float32)
+            acc += tl.sum(xr[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+            if EPI == 2:
+                acc2 += tl.sum(xr[:, None, :] * w2.to(tl.float32)[None, :, :], axis=2)
+
+    out_mask = m_ok[:, None] & n_ok[None, :]
+    is_last = True
+    if SPLIT_K > 1:
+        # deterministic split-K: store the partial, take a ticket; the last one reduces in order
+        tile = pid_m * N_TILES + pid_n
+        wofs = rm[:, None] * N + rn[None, :]
+        plane = M * N
+        tl.store(WS + pid_s * plane + wofs, acc, mask=out_mask)
+        if EPI == 2:
+            tl.store(WS + (SPLIT_K + pid_s) * plane + wofs, acc2, mask=out_mask)
+        tl.debug_barrier()
+        ticket = tl.atomic_add(CNT + tile, 1, sem="acq_rel")
+        is_last = ticket == SPLIT_K - 1
+        if is_last:
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for s in range(0, SPLIT_K):
+                acc += tl.load(WS + s * plane + wofs, mask=out_mask, other=0.0, cache_modifier=".cg")
+                if EPI == 2:
+                    acc2 += tl.load(WS + (SPLIT_K + s) * plane + wofs, mask=out_mask, other=0.0,
+                                    cache_modifier=".cg")
+            tl.atomic_xchg(CNT + tile, 0)  # re-arm for the next launch / graph replay
+    if is_last:
+        if EPI == 1:
+            r = tl.load(R + rm[:, None] * stride_rm + rn[None, :], mask=out_mask, other=0.0)
+            acc = acc + r.to(tl.float32)
+        elif EPI == 2:
+            acc = acc / (1.0 + tl.exp(-acc)) * acc2
+        elif EPI == 3:
+            g = tl.load(R + rm[:, None] * stride_rm + rn[None, :], mask=out_mask, other=0.0)
+            acc = acc / (1.0 + tl.exp(-g.to(tl.float32)))
+        tl.store(Y + rm[:, None] * stride_ym + rn[None, :], acc.to(Y.dtype.element_ty), mask=out_mask)
+
+
+# ------------------------------------------------------------------------------------- host
+def _pow2_at_least(v: int) -> int:
+    return 1 << max(0, (int(v) - 1).bit_length())
+
+
+def default_config(M: int, N: int, K: int, device: torch.device | str = "cpu") -> dict:
+    """Tuning-table entry for this shape (see fast/tuning.py)."""
+    from .. import tuning
+
+    return tuning.lookup("gemv", M, device=device, N=N, K=K)
+
+
+class GemvScratch:
+    """Preallocated split-K workspace + zeroed tickets for one call site (graph-safe)."""
+
+    def __init__(self, M: int, N: int, split_k: int, swiglu: bool, device):
+        planes = split_k * (2 if swiglu else 1)
+        self.ws = torch.empty(max(1, planes * M * N), dtype=torch.float32, device=device)
+        self.cnt = torch.zeros(4096, dtype=torch.int32, device=device)
+
+
+def gemv(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    epilogue: str = "none",
+    residual: torch.Tensor | None = None,
+    gate: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    config: dict | None = None,
+    scratch: GemvScratch | None = None,
+    groups: tuple[int, int, int, int, int] | None = None,
+) -> torch.Tensor:
+    """y[M, N] = prologue(x) @ W^T with an optional fused epilogue.
+
+    x: [M, K] or [M, S, K] (S slots summed in the prologue); K contiguous.
+    w: [N, K] (``swiglu``: [2N, K] = [gate; up]). norm_weight: [K] → RMSNorm prologue.
+    epilogue: none | residual (needs ``residual`` [M, N]) | swiglu | sigmoid_gate (needs ``gate``).
+    groups: (G, stride_xg, stride_wg, stride_yg, stride_rg) — G independent problems, group g
+    reading x + g*stride_xg, W + g*stride_wg and writing y + g*stride_yg (element strides; x, w,
+    out, residual/gate are then the group-0 views). No split-K with groups.
+    """
+    epi = EPILOGUES[epilogue]
+    slots = 1
+    if x.dim() == 3:
+        slots = x.shape[1]
+        assert x.stride(2) == 1 and norm_weight is None, "slot-sum prologue: no norm, K contiguous"
+        stride_xs = x.stride(1)
+    else:
+        assert x.dim() == 2
+        stride_xs = 0
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if w.stride(1) != 1:
+        w = w.contiguous()
+    M, K = x.shape[0], x.shape[-1]
+    N = w.shape[0] // 2 if epi == 2 else w.shape[0]
+    assert w.shape[1] == K, f"gemv: x has K={K}, W has {w.shape[1]}"
+    G, sxg, swg, syg, srg = groups if groups is not None else (1, 0, 0, 0, 0)
+    cfg = dict(config) if config is not None else default_config(M, N, K, x.device)
+    BM = int(cfg.get("BLOCK_M") or min(_pow2_at_least(M), 64))
+    BN, BK = int(cfg["BLOCK_N"]), int(cfg["BLOCK_K"])
+    use_dot = BM >= 16
+    if use_dot:
+        BN, BK = max(BN, 16), max(BK, 16)
+    split = max(1, int(cfg.get("SPLIT_K", 1)))
+    k_split = triton.cdiv(triton.cdiv(K, split), BK) * BK
+    split = triton.cdiv(K, k_split)
+    if G > 1:
+        split, k_split = 1, triton.cdiv(K, BK) * BK
+        assert out is not None, "grouped gemv writes into a given output view"
+    if out is None:
+        out = torch.empty((M, N), dtype=x.dtype if x.dtype != torch.float32 or w.dtype == torch.float32 else w.dtype,
+                          device=x.device)
+    assert out.stride(-1) == 1
+    aux = residual if epi == 1 else gate if epi == 3 else None
+    if epi in (1, 3):
+        assert aux is not None and aux.shape[0] == M and aux.shape[-1] >= N and aux.stride(-1) == 1, \
+            f"epilogue {epilogue} needs a [{M}, {N}] tensor"
+    n_tiles = triton.cdiv(N, BN)
+    grid = (G * n_tiles, split, triton.cdiv(M, BM))
+    if split > 1:
+        if scratch is None:
+            scratch = GemvScratch(M, N, split, epi == 2, x.device)
+        assert scratch.ws.numel() >= split * (2 if epi == 2 else 1) * M * N
+        assert n_tiles * grid[2] <= scratch.cnt.numel()
+        ws, cnt = scratch.ws, scratch.cnt
+    else:
+        ws = cnt = out  # unused
+    fp_gemv_kernel[grid](
+        x, w, out, aux if aux is not None else out, norm_weight if norm_weight is not None else w,
+        ws, cnt,
+        M, N, float(eps),
+        x.stride(0), stride_xs, w.stride(0), out.stride(0), aux.stride(0) if aux is not None else 0,
+        sxg, swg, syg, srg,
+        K=K, K_SPLIT=k_split, N_TILES=n_tiles,
+        BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, SPLIT_K=split, XSLOTS=slots,
+        NORM=norm_weight is not None, EPI=epi, USE_DOT=use_dot,
+        num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 3)),
+    )
+    return out
+
+
+def variant_name(M: int, cfg: dict) -> str:
+    """Trace variant label: small_m | tiled, with split-K."""
+    bm = int(cfg.get("BLOCK_M") or min(_pow2_at_least(M), 64))
+    base = "tiled" if bm >= 16 else "small_m"
+    sk = int(cfg.get("SPLIT_K", 1))
+    return f"triton_{base}" + (f"_splitk{sk}" if sk > 1 else "")
+
+
+# ---------------------------------------------------------------------------- references
+def gemv_reference(x, w, *, epilogue="none", residual=None, gate=None, norm_weight=None, eps=1e-6,
+                   dtype=None):
+    """The math in ``dtype`` (default x.dtype) with torch ops: the standard path's way when
+    ``dtype`` is the working dtype, the oracle when it is float32."""
+    dt = dtype or x.dtype
+    xx = x.to(torch.float32)
+    if xx.dim() == 3:
+        xx = xx.sum(1)
+    if norm_weight is not None:
+        xx = xx * torch.rsqrt(xx.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.float()
+    xx = xx.to(dt)
+    ww = w.to(dt)
+    if epilogue == "swiglu":
+        n = ww.shape[0] // 2
+        g, u = (xx @ ww[:n].T), (xx @ ww[n:].T)
+        return (torch.nn.functional.silu(g.float()) * u.float()).to(dt)
+    y = xx @ ww.T
+    if epilogue == "residual":
+        y = (y.float() + residual.float()).to(dt)
+    elif epilogue == "sigmoid_gate":
+        y = (y.float() * torch.sigmoid(gate.float())).to(dt)
+    return y
+
+
+# ------------------------------------------------------------------------------ registry
+_VARIANTS = {  # registry entry name -> (epilogue, norm prologue, slots)
+    "gemv": ("none", False, 1),
+    "gemv_residual": ("residual", False, 1),
+    "gemv_norm_swiglu": ("swiglu", True, 1),
+    "gemv_sigmoid_gate": ("sigmoid_gate", False, 1),
+    "gemv_slots_residual": ("residual", False, 4),
+}
+
+
+def _make_entry(name: str, epilogue: str, norm: bool, slots: int, device=None) -> KernelSpec:
+    def make_inputs(shape, value_class="normal", dtype=torch.float16, device="cpu", seed=0):
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        M, N, K = shape["M"], shape["N"], shape["K"]
+        scale = {"normal": 1.0, "large": 30.0, "near_zero": 1e-3}.get(value_class, 1.0)
+        xs = (M, slots, K) if slots > 1 else (M, K)
+        x = torch.randn(xs, generator=g) * scale
+        rows = 2 * N if epilogue == "swiglu" else N
+        w = torch.randn(rows, K, generator=g) / K ** 0.5
+        inp = {"x": x.to(dtype).to(device), "w": w.to(dtype).to(device)}
+        if epilogue == "residual":
+            inp["residual"] = torch.randn(M, N, generator=g).to(dtype).to(device)
+        if epilogue == "sigmoid_gate":
+            inp["gate"] = (torch.randn(M, N, generator=g) * 2).to(dtype).to(device)
+        if norm:
+            inp["norm_weight"] = (1 + 0.1 * torch.randn(K, generator=g)).to(dtype).to(device)
+        return inp
+
+    def fast(**inp):
+        return gemv(epilogue=epilogue, **inp)
+
+    def standard(**inp):
+        return gemv_reference(epilogue=epilogue, **inp)
+
+    def oracle(**inp):
+        return gemv_reference(epilogue=epilogue, dtype=torch.float32,
+                              **{k: v.float() for k, v in inp.items()})
+
+    on_gpu = str(device or "").startswith("cuda") or (device is None and torch.cuda.is_available())
+    if on_gpu:
+        shapes = [{"M": m, "N": 4096, "K": 4096} for m in (1, 2, 4, 8, 16, 32, 64)]
+        shapes += [{"M": 3, "N": 1000, "K": 2048 + 72}, {"M": 64, "N": 512, "K": 4096}]
+    else:
+        shapes = [{"M": 1, "N": 48, "K": 64}, {"M": 2, "N": 40, "K": 96}, {"M": 5, "N": 33, "K": 80},
+                  {"M": 16, "N": 64, "K": 64}]
+    return KernelSpec(
+        name=name, component="norm_residual" if (norm or epilogue == "residual") and name != "gemv" else "dense_gemv",
+        fast=fast, standard=standard, oracle=oracle, make_inputs=make_inputs, shapes=shapes,
+        value_classes=["normal", "large", "near_zero"], dtypes=default_dtypes(device),
+        kernel_patterns=[r"^fp_gemv_kernel"],
+    )
+
+
+def kernel_entry(device=None) -> list[KernelSpec]:
+    return [_make_entry(n, *v, device=device) for n, v in _VARIANTS.items()]

@@ -1,0 +1,397 @@
+"""Fused KDA (Kimi Delta Attention) decode step for a batch of sequences (one new token each).
+
+One Triton kernel does, per (sequence b, head h, V-tile):
+
+1. short-conv step for q, k, v (depthwise causal conv, kernel W = 4): read the conv window
+   (the cached W-1 previous inputs + the new input), write the shifted conv state back,
+   apply SiLU;
+2. L2 normalisation of q and k over the head dim K (``x / sqrt(sum x^2 + eps)``, as fla's
+   ``use_qk_l2norm_in_kernel``), q scaled by ``scale`` (default ``K ** -0.5``);
+3. per-channel decay gate with the lower bound ``g = lower_bound * sigmoid(exp(A_log[h]) *
+   (f + dt_bias[h, :]))`` (``lower_bound`` = -5) and ``beta = sigmoid(b)``;
+4. the delta rule on the fp32 recurrent state, read once and written once (in place)::
+
+       S <- Diag(e^g) S ;  u = beta * (v - S^T k) ;  S <- S + k u^T ;  o = scale * S^T q
+
+   which is ``S <- (I - beta k k^T) Diag(e^g) S + beta k v^T`` (= fla ``naive_recurrent_kda``);
+5. per-head RMSNorm of o over V (weight ``norm_weight[V]``) and the sigmoid output gate:
+   ``out = rmsnorm(o) * w * sigmoid(gate)`` (fla ``FusedRMSNormGated`` with sigmoid).
+
+Grid: (B, H, NV) with NV = V / BV V-tiles. Stages 4 is per tile; q/k (stages 1-3) are
+computed redundantly by each V-tile program (2·K·W loads, cheap). Two things need the whole
+head: the q/k conv-state write-back (every V-tile program must have *read* the old window
+first) and the RMSNorm over all of V. With NV > 1 they are done by the *last* program of the
+(b, h) group to arrive (an acq_rel atomic counter per (b, h), reset by that program, so the
+counter buffer is reusable and CUDA-graph safe): each program stores its un-normalised o tile
+to an fp32 workspace, bumps the counter, and the last one writes the q/k conv state and
+normalises + gates the full row. The result does not depend on which program is last
+(deterministic). With NV == 1 no counter is used.
+
+Layouts (all tensors on one device; "row stride" = any stride of dim 0, inner dims contiguous):
+
+* ``q, k``: [B, H*K] projected pre-conv inputs (views of the fused projection output are fine);
+  ``v``: [B, H*V]; ``f`` (gate pre-activation): [B, H*K]; ``b`` (beta pre-activation): [B, H];
+  ``gate`` (output-gate pre-activation): [B, H*V]. Working dtype (fp16 / bf16 / fp32).
+* ``conv_q, conv_k``: [B, H*K, SL]; ``conv_v``: [B, H*V, SL], any strides. SL (the conv state
+  length) is W-1 (the previous W-1 inputs, oldest first) or W (fla ``ShortConvolution`` cache;
+  the oldest entry is then not used). Updated in place: shift by one, append the new input.
+* ``conv_wq, conv_wk``: [H*K, W]; ``conv_wv``: [H*V, W] (depthwise weights, no bias).
+* ``A_log``: [H]; ``dt_bias``: [H*K]; ``norm_weight``: [V] (shared by heads).
+* ``state``: fp32 [B, H, K, V] (fla's K-first layout), updated in place.
+* returns ``out`` [B, H*V] in the dtype of ``v`` (ready for o_proj).
+
+Only H == HV (no grouped-value heads).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from fastpath import trace
+
+from .entry import KernelSpec, default_dtypes
+
+COMPONENT = "kda_decode"
+LOWER_BOUND = -5.0
+
+
+@triton.jit
+def _conv_silu(x_ptr, st_ptr, s_c, s_j, w_ptr, sw_c, sw_j, chan, mask,
+               W: tl.constexpr, SL: tl.constexpr, SLP: tl.constexpr):
+    """Depthwise causal conv over [old state window, x] + SiLU for channels ``chan`` [BC].
+
+    Returns (silu(conv) fp32 [BC], the shifted conv state [BC, SLP] to store later:
+    new[:, i] = old[:, i + 1] for i < SL - 1, new[:, SL - 1] = x). Everything is loaded here,
+    before any store, so the caller can store after a barrier (threads holding replicated
+    elements must not see a half-shifted state)."""
+    oj = tl.arange(0, SLP)
+    m_old = mask[:, None] & (oj[None, :] < SL)
+    old = tl.load(st_ptr + chan[:, None] * s_c + oj[None, :] * s_j, mask=m_old, other=0.0)
+    tap = oj - (SL - (W - 1))  # weight tap of state column j (the oldest SL-(W-1) unused)
+    m_w = m_old & (tap[None, :] >= 0)
+    wt = tl.load(w_ptr + chan[:, None] * sw_c + tap[None, :] * sw_j, mask=m_w, other=0.0)
+    xr = tl.load(x_ptr + chan, mask=mask, other=0.0)
+    w_x = tl.load(w_ptr + chan * sw_c + (W - 1) * sw_j, mask=mask, other=0.0)
+    acc = tl.sum(old.to(tl.float32) * wt.to(tl.float32), 1) + xr.to(tl.float32) * w_x.to(tl.float32)
+    m_nxt = mask[:, None] & (oj[None, :] < SL - 1)
+    nxt = tl.load(st_ptr + chan[:, None] * s_c + (oj[None, :] + 1) * s_j, mask=m_nxt, other=0.0)
+    new = tl.where(oj[None, :] == SL - 1, xr[:, None].to(nxt.dtype), nxt)
+    return acc * tl.sigmoid(acc), new
+
+
+@triton.jit
+def _conv_store(st_ptr, s_c, s_j, chan, mask, new, SL: tl.constexpr, SLP: tl.constexpr):
+    oj = tl.arange(0, SLP)
+    tl.store(st_ptr + chan[:, None] * s_c + oj[None, :] * s_j, new,
+             mask=mask[:, None] & (oj[None, :] < SL))
+
+
+@triton.jit
+def kda_decode_fused_kernel(
+    xq, xk, xv, xf, xb, xg, sxq, sxk, sxv, sxf, sxb, sxg,
+    cq, ck, cv,
+    scq_b, scq_c, scq_j, sck_b, sck_c, sck_j, scv_b, scv_c, scv_j,
+    wq, wk, wv, swq_c, swq_j, swk_c, swk_j, swv_c, swv_j,
+    A_log, dt_bias, S, sS_b, sS_h, sS_k, sS_v,
+    norm_w, out, sout, o_ws, counter,
+    scale, eps_l2, eps_norm, lower_bound,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, NV: tl.constexpr,
+    W: tl.constexpr, SL: tl.constexpr, SLP: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    iv = tl.program_id(2)
+
+    ok = tl.arange(0, BK)
+    mk = ok < K
+    ov = iv * BV + tl.arange(0, BV)
+    mv = ov < V
+    chan_k = h * K + ok
+    chan_v = h * V + ov
+    pcq = cq + b * scq_b
+    pck = ck + b * sck_b
+    pcv = cv + b * scv_b
+
+    # 1-2. conv + SiLU (+ the shifted conv states, kept in registers), L2 norm of q and k
+    q, new_q = _conv_silu(xq + b * sxq, pcq, scq_c, scq_j, wq, swq_c, swq_j, chan_k, mk, W, SL, SLP)
+    k, new_k = _conv_silu(xk + b * sxk, pck, sck_c, sck_j, wk, swk_c, swk_j, chan_k, mk, W, SL, SLP)
+    v, new_v = _conv_silu(xv + b * sxv, pcv, scv_c, scv_j, wv, swv_c, swv_j, chan_v, mv, W, SL, SLP)
+    q = q / tl.sqrt(tl.sum(q * q, 0) + eps_l2) * scale
+    k = k / tl.sqrt(tl.sum(k * k, 0) + eps_l2)
+
+    # 3. gate and beta
+    f = tl.load(xf + b * sxf + chan_k, mask=mk, other=0.0).to(tl.float32)
+    f += tl.load(dt_bias + chan_k, mask=mk, other=0.0).to(tl.float32)
+    a = tl.exp(tl.load(A_log + h).to(tl.float32))
+    g = lower_bound * tl.sigmoid(a * f)
+    beta = tl.sigmoid(tl.load(xb + b * sxb + h).to(tl.float32))
+
+    # 4. delta rule on the fp32 state tile [BK, BV]
+    p_s = S + b * sS_b + h * sS_h + ok[:, None] * sS_k + ov[None, :] * sS_v
+    m_s = mk[:, None] & mv[None, :]
+    s = tl.load(p_s, mask=m_s, other=0.0)
+    s = s * tl.exp(g)[:, None]
+    u = (v - tl.sum(s * k[:, None], 0)) * beta
+    s = s + k[:, None] * u[None, :]
+    o = tl.sum(s * q[:, None], 0)
+
+    row = (b * H + h) * V
+    if NV > 1:
+        tl.store(o_ws + row + ov, o, mask=mv)
+    # every load of this CTA is done and its o tile is stored before any in-place store below
+    # and before the counter's release
+    tl.debug_barrier()
+    tl.store(p_s, s, mask=m_s)
+    _conv_store(pcv, scv_c, scv_j, chan_v, mv, new_v, SL, SLP)  # this program owns these v channels
+
+    # 5. q/k conv state + RMSNorm over V + sigmoid gate (whole head)
+    if NV == 1:
+        _conv_store(pcq, scq_c, scq_j, chan_k, mk, new_q, SL, SLP)
+        _conv_store(pck, sck_c, sck_j, chan_k, mk, new_k, SL, SLP)
+        o = tl.where(mv, o, 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(o * o, 0) / V + eps_norm)
+        y = o * rstd * tl.load(norm_w + ov, mask=mv, other=0.0).to(tl.float32)
+        gt = tl.load(xg + b * sxg + chan_v, mask=mv, other=0.0).to(tl.float32)
+        y = y * tl.sigmoid(gt)
+        tl.store(out + b * sout + chan_v, y.to(out.dtype.element_ty), mask=mv)
+    else:
+        arrived = tl.atomic_add(counter + b * H + h, 1, sem="acq_rel")
+        if arrived == NV - 1:
+            # every program of this (b, h) has read the old q/k window and stored its o tile
+            _conv_store(pcq, scq_c, scq_j, chan_k, mk, new_q, SL, SLP)
+            _conv_store(pck, sck_c, sck_j, chan_k, mk, new_k, SL, SLP)
+            of = tl.arange(0, BVF)
+            mf = of < V
+            oo = tl.load(o_ws + row + of, mask=mf, other=0.0, cache_modifier=".cg")
+            rstd = 1.0 / tl.sqrt(tl.sum(oo * oo, 0) / V + eps_norm)
+            y = oo * rstd * tl.load(norm_w + of, mask=mf, other=0.0).to(tl.float32)
+            gt = tl.load(xg + b * sxg + h * V + of, mask=mf, other=0.0).to(tl.float32)
+            y = y * tl.sigmoid(gt)
+            tl.store(out + b * sout + h * V + of, y.to(out.dtype.element_ty), mask=mf)
+            tl.atomic_xchg(counter + b * H + h, 0)
+
+
+_COUNTERS: dict[tuple[str, int], torch.Tensor] = {}
+
+
+def _counter(device: torch.device, n: int) -> torch.Tensor:
+    """A zeroed int32 counter buffer of >= n entries, cached per device (kernels reset it)."""
+    key = (str(device), 0)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
+
+
+def choose_block_v(batch: int, heads: int, v_dim: int, sm_count: int | None = None) -> int:
+    """V-tile width: split V so that B*H*NV programs fill the GPU (>= 2 waves of SMs) at small
+    batch, no split at large batch (each split re-reads q/k and adds a workspace round trip)."""
+    if sm_count is None:
+        sm_count = 132
+    target = 2 * sm_count
+    nv = 1
+    while batch * heads * nv < target and v_dim // (nv * 2) >= 32:
+        nv *= 2
+    return triton.next_power_of_2(math.ceil(v_dim / nv))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count_idx(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _sm_count(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return _sm_count_idx(device.index if device.index is not None else torch.cuda.current_device())
+    return None
+
+
+def kda_decode(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: torch.Tensor, b: torch.Tensor,
+    gate: torch.Tensor,
+    conv_q: torch.Tensor, conv_k: torch.Tensor, conv_v: torch.Tensor,
+    conv_wq: torch.Tensor, conv_wk: torch.Tensor, conv_wv: torch.Tensor,
+    A_log: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor, norm_weight: torch.Tensor,
+    *, num_heads: int, head_k: int, head_v: int, scale: float | None = None,
+    eps_l2: float = 1e-6, eps_norm: float = 1e-6, lower_bound: float = LOWER_BOUND,
+    block_v: int | None = None, out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One fused KDA decode step (layouts in the module docstring). Updates ``conv_q``,
+    ``conv_k``, ``conv_v`` and ``state`` in place and returns ``out`` [B, H*V]."""
+    B = q.shape[0]
+    H, K, V = num_heads, head_k, head_v
+    assert state.dtype == torch.float32 and tuple(state.shape) == (B, H, K, V), state.shape
+    for t, n in ((q, H * K), (k, H * K), (v, H * V), (f, H * K), (gate, H * V), (b, H)):
+        assert t.shape == (B, n) and t.stride(-1) == 1, (t.shape, n)
+    W = conv_wq.shape[-1]
+    SL = conv_q.shape[-1]
+    assert SL in (W - 1, W) and conv_k.shape[-1] == SL and conv_v.shape[-1] == SL
+    assert conv_q.shape[:2] == (B, H * K) and conv_v.shape[:2] == (B, H * V)
+    if scale is None:
+        scale = K ** -0.5
+    BV = block_v or choose_block_v(B, H, V, _sm_count(q.device))
+    BV = min(BV, triton.next_power_of_2(V))
+    NV = triton.cdiv(V, BV)
+    if out is None:
+        out = torch.empty((B, H * V), dtype=v.dtype, device=v.device)
+    if NV > 1:
+        o_ws = torch.empty((B, H, V), dtype=torch.float32, device=v.device)
+        counter = _counter(v.device, B * H)
+    else:
+        o_ws = counter = state  # unused
+    trace.engaged(COMPONENT, "triton_fused", batch=B, heads=H, head_k=K, head_v=V, block_v=BV)
+    kda_decode_fused_kernel[(B, H, NV)](
+        q, k, v, f, b, gate, q.stride(0), k.stride(0), v.stride(0), f.stride(0), b.stride(0),
+        gate.stride(0),
+        conv_q, conv_k, conv_v, *conv_q.stride(), *conv_k.stride(), *conv_v.stride(),
+        conv_wq, conv_wk, conv_wv, *conv_wq.stride(), *conv_wk.stride(), *conv_wv.stride(),
+        A_log, dt_bias, state, *state.stride(),
+        norm_weight, out, out.stride(0), o_ws, counter,
+        float(scale), float(eps_l2), float(eps_norm), float(lower_bound),
+        H=H, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, BVF=triton.next_power_of_2(V),
+        NV=NV, W=W, SL=SL, SLP=triton.next_power_of_2(SL), num_warps=4 if BV * triton.next_power_of_2(K) <= 8192 else 8,
+    )
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# references: oracle (fp32) and the standard path (working dtype / fla kernel on GPU)
+
+_STATE_KEYS = ("conv_q", "conv_k", "conv_v", "state")
+
+
+def _conv_step_torch(x, st, w, dtype):
+    """x [B, C], st [B, C, SL], w [C, W] -> (silu(conv) [B, C] in dtype, new state)."""
+    Wn = w.shape[-1]
+    win = torch.cat([st[..., st.shape[-1] - (Wn - 1):].to(dtype), x.to(dtype)[..., None]], -1)
+    y = (win.float() * w.float()).sum(-1) if dtype == torch.float32 else (win * w.to(dtype)).sum(-1)
+    new = torch.cat([st[..., 1:], x.to(st.dtype)[..., None]], -1)
+    return torch.nn.functional.silu(y).to(dtype), new
+
+
+def _reference(inputs: dict, *, dtype: torch.dtype, use_fla: bool) -> tuple:
+    from fla.ops.kda.naive import naive_recurrent_kda
+
+    H, K, V = inputs["num_heads"], inputs["head_k"], inputs["head_v"]
+    lb = inputs.get("lower_bound", LOWER_BOUND)
+    eps_l2, eps_norm = inputs.get("eps_l2", 1e-6), inputs.get("eps_norm", 1e-6)
+    B = inputs["q"].shape[0]
+    q, cq = _conv_step_torch(inputs["q"], inputs["conv_q"], inputs["conv_wq"], dtype)
+    k, ck = _conv_step_torch(inputs["k"], inputs["conv_k"], inputs["conv_wk"], dtype)
+    v, cv = _conv_step_torch(inputs["v"], inputs["conv_v"], inputs["conv_wv"], dtype)
+    q, k, v = q.view(B, 1, H, K), k.view(B, 1, H, K), v.view(B, 1, H, V)
+    f = inputs["f"].to(dtype).view(B, 1, H, K)
+    braw = inputs["b"].to(dtype).view(B, 1, H)
+    S0 = inputs["state"].float()
+    if use_fla:  # the standard path's GPU kernel: fla fused_recurrent_kda with the gate in-kernel
+        from fla.ops.kda import fused_recurrent_kda
+
+        o, S = fused_recurrent_kda(
+            q, k, v, f, braw, A_log=inputs["A_log"].float(), dt_bias=inputs["dt_bias"].float(),
+            initial_state=S0, output_final_state=True, use_qk_l2norm_in_kernel=True,
+            use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, lower_bound=lb)
+    else:
+        def l2(x):
+            xf = x.float()
+            return (xf / torch.sqrt((xf * xf).sum(-1, keepdim=True) + eps_l2)).to(dtype)
+        q, k = l2(q), l2(k)
+        g = lb * torch.sigmoid(inputs["A_log"].float().exp().view(H, 1)
+                               * (f.float() + inputs["dt_bias"].float().view(H, K)))
+        beta = torch.sigmoid(braw.float())
+        o, S = naive_recurrent_kda(q.float(), k.float(), v.float(), g.to(dtype).float(), beta.to(dtype).float(),
+                                   scale=inputs.get("scale"), initial_state=S0, output_final_state=True)
+    o = o.to(dtype).view(B, H, V)
+    of = o.float() if dtype == torch.float32 else o
+    rstd = torch.rsqrt(of.float().pow(2).mean(-1, keepdim=True) + eps_norm)
+    y = (of.float() * rstd).to(dtype) * inputs["norm_weight"].to(dtype)
+    y = y * torch.sigmoid(inputs["gate"].to(dtype).view(B, H, V))
+    return y.reshape(B, H * V), S, cq, ck, cv
+
+
+def oracle(**inputs) -> tuple:
+    """fp32 torch: conv + SiLU, L2 norm, gate, fla ``naive_recurrent_kda``, RMSNorm + gate.
+    Returns (out [B, H*V] fp32, state, conv_q, conv_k, conv_v); inputs are not modified."""
+    y, S, cq, ck, cv = _reference(inputs, dtype=torch.float32, use_fla=False)
+    return y.float(), S, cq, ck, cv
+
+
+def standard(**inputs) -> tuple:
+    """The standard path's way: torch conv/norm ops in the working dtype around the recurrence
+    (fla ``fused_recurrent_kda`` on CUDA, the torch recurrence on fp32 state on CPU)."""
+    dtype = inputs["v"].dtype
+    use_fla = inputs["v"].is_cuda
+    y, S, cq, ck, cv = _reference(inputs, dtype=dtype, use_fla=use_fla)
+    return y, S, cq, ck, cv
+
+
+def fast(**inputs) -> tuple:
+    """The fused kernel on copies of the states; returns (out, state, conv_q, conv_k, conv_v)."""
+    args = dict(inputs)
+    for key in _STATE_KEYS:
+        args[key] = inputs[key].clone()
+    pos = [args.pop(n) for n in ("q", "k", "v", "f", "b", "gate", "conv_q", "conv_k", "conv_v",
+                                 "conv_wq", "conv_wk", "conv_wv", "A_log", "dt_bias", "state",
+                                 "norm_weight")]
+    out = kda_decode(*pos, **args)
+    return out, pos[14], pos[6], pos[7], pos[8]
+
+
+def make_inputs(shape: dict, value_class: str = "normal", dtype: Any = torch.float32,
+                device: Any = "cpu", seed: int = 0) -> dict:
+    """shape: {"batch", "heads", "head_k", "head_v", "conv_len" (SL, default 3), "width" (4),
+    "block_v" (optional)}. value classes: normal, large (x8 pre-activations, big state),
+    near_zero (tiny inputs and state)."""
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    device = torch.device(device)
+    g = torch.Generator(device=device).manual_seed(seed)
+    B, H, K, V = shape["batch"], shape["heads"], shape["head_k"], shape["head_v"]
+    W = shape.get("width", 4)
+    SL = shape.get("conv_len", W - 1)
+    amp = {"normal": 1.0, "large": 8.0, "near_zero": 1e-3}[value_class]
+
+    def r(*s, a=1.0, dt=dtype):
+        return (torch.randn(*s, generator=g, device=device) * a).to(dt)
+
+    inp = dict(
+        q=r(B, H * K, a=amp), k=r(B, H * K, a=amp), v=r(B, H * V, a=amp),
+        f=r(B, H * K, a=amp), b=r(B, H, a=amp), gate=r(B, H * V, a=amp),
+        conv_q=r(B, H * K, SL, a=amp), conv_k=r(B, H * K, SL, a=amp), conv_v=r(B, H * V, SL, a=amp),
+        conv_wq=r(H * K, W, a=0.5), conv_wk=r(H * K, W, a=0.5), conv_wv=r(H * V, W, a=0.5),
+        A_log=r(H, a=0.5, dt=torch.float32), dt_bias=r(H * K, a=0.5, dt=torch.float32),
+        state=r(B, H, K, V, a=0.1 * (amp if value_class != "normal" else 1.0), dt=torch.float32),
+        norm_weight=(1.0 + 0.1 * torch.randn(V, generator=g, device=device)).to(dtype),
+        num_heads=H, head_k=K, head_v=V,
+    )
+    if shape.get("block_v"):
+        inp["block_v"] = shape["block_v"]
+    return inp
+
+
+def kernel_entry(device: Any = None) -> KernelSpec:
+    on_cuda = str(device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+    if on_cuda:
+        hk = dict(heads=16, head_k=128, head_v=128)
+        shapes = [dict(batch=bs, **hk) for bs in (1, 2, 4, 8, 16, 32, 64)]
+        shapes += [dict(batch=3, **hk), dict(batch=5, heads=16, head_k=128, head_v=128, conv_len=4),
+                   dict(batch=1, heads=16, head_k=128, head_v=128, block_v=32),
+                   dict(batch=7, heads=3, head_k=96, head_v=80)]
+    else:  # Triton interpreter: small heads
+        hk = dict(heads=2, head_k=16, head_v=16)
+        shapes = [dict(batch=bs, **hk) for bs in (1, 2, 4, 8, 16, 32, 64)]
+        shapes += [dict(batch=3, heads=3, head_k=16, head_v=32, block_v=16),
+                   dict(batch=2, heads=2, head_k=12, head_v=20, conv_len=4, block_v=8)]
+    return KernelSpec(
+        name="kda_decode", component=COMPONENT, fast=fast, standard=standard, oracle=oracle,
+        make_inputs=make_inputs, shapes=shapes, value_classes=["normal", "large", "near_zero"],
+        dtypes=default_dtypes(device), k=2.0, deterministic=True,
+        kernel_patterns=[r"kda_decode_fused_kernel"],
+    )

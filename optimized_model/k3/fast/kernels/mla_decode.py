@@ -1,0 +1,294 @@
+"""Absorbed MLA decode attention over the latent cache, split over the KV length
+(flash-decoding), for K3-mini's gated MLA layers (NoPE: the scores use the latent only).
+
+Per sequence b and head h (one new token)::
+
+    s_t   = scale * q[b, h, :] . c[b, t, :]          for t < n_b = lengths[b] + length_offset
+    o     = sum_t softmax(s)_t c[b, t, :]            (o = 0 when n_b <= 0)
+
+q is already absorbed into latent space (q_nope @ W_UK per head), o stays in latent space
+(the caller applies W_UV and the output gate).
+
+Kernels:
+
+* ``mla_decode_split_kernel``, grid (B, NS, ceil(H / BH)): one program takes a block of BH heads
+  (all heads share the latent, so each latent tile [BT, D] is read once per head block) and one
+  contiguous range of ``split_len`` positions, runs an online softmax (fp32 max / sum / acc,
+  ``tl.dot`` for q·cᵀ and p·c) and stores its normalised partial output and log-sum-exp
+  (or, when NS == 1, the final output directly);
+* ``mla_decode_combine_kernel``, grid (B, H): merges the NS partials with weights
+  exp(lse_s - max lse).
+
+The split count NS (``choose_splits``) comes from the batch, the head blocks and the context
+bound so that long contexts fill the GPU (>= 2 waves of programs) while each split keeps >= 256
+positions. Empty splits (beyond a sequence's length) exit with lse = -inf. Under a CUDA graph,
+``max_len`` (the context bound the graph was captured for) fixes NS and the split ranges.
+
+Layouts: ``q`` [B, H, D] (inner dim contiguous), ``cache`` [B, T_cap, D] (latent of one layer,
+inner dim contiguous, any batch / position strides), ``lengths`` [B] int32/int64 on the device,
+out [B, H, D] in q's dtype. D = kv_lora (512 in K3-mini).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from fastpath import trace
+
+from .entry import KernelSpec, default_dtypes
+
+COMPONENT = "mla_decode"
+
+
+@triton.jit
+def mla_decode_split_kernel(
+    q, cache, lengths, out, o_part, lse_part,
+    sq_b, sq_h, sc_b, sc_t, so_b, so_h,
+    scale, split_len, length_offset,
+    H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BH: tl.constexpr, BT: tl.constexpr,
+    NS: tl.constexpr, IEEE: tl.constexpr, n_tiles: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
+    hb = tl.program_id(2)
+    n = tl.load(lengths + b).to(tl.int32) + length_offset
+    start = s * split_len
+    end = tl.minimum(start + split_len, n)
+
+    oh = hb * BH + tl.arange(0, BH)
+    mh = oh < H
+    od = tl.arange(0, BD)
+    md = od < D
+    qt = tl.load(q + b * sq_b + oh[:, None] * sq_h + od[None, :], mask=mh[:, None] & md[None, :], other=0.0)
+
+    m_i = tl.full([BH], float("-inf"), tl.float32)
+    l_i = tl.zeros([BH], tl.float32)
+    acc = tl.zeros([BH, BD], tl.float32)
+    base = cache + b * sc_b
+    # fixed trip count n_tiles (constexpr, a power of two: few compiled variants; the
+    # interpreter cannot take runtime loop bounds); tiles past ``end`` are masked
+    # (predicated-off loads move no bytes) and whole splits past the length exit early.
+    if start < end:
+        for i in range(0, n_tiles):
+            ot = start + i * BT + tl.arange(0, BT)
+            mt = ot < end
+            c = tl.load(base + ot[:, None].to(tl.int64) * sc_t + od[None, :],
+                        mask=mt[:, None] & md[None, :], other=0.0)
+            if IEEE:
+                sc = tl.dot(qt, tl.trans(c), input_precision="ieee")
+            else:
+                sc = tl.dot(qt, tl.trans(c))
+            sc = tl.where(mt[None, :], sc * scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(sc, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp(m_i - m_safe)
+            p = tl.exp(sc - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c)
+            m_i = m_new
+
+    has = l_i > 0
+    o = acc / tl.where(has, l_i, 1.0)[:, None]
+    if NS == 1:
+        tl.store(out + b * so_b + oh[:, None] * so_h + od[None, :], o.to(out.dtype.element_ty),
+                 mask=mh[:, None] & md[None, :])
+    else:
+        lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+        row = (b * NS + s) * H + oh  # o_part [B, NS, H, D] fp32, lse_part [B, NS, H]
+        tl.store(lse_part + row, lse, mask=mh)
+        tl.store(o_part + row[:, None] * D + od[None, :], o, mask=mh[:, None] & md[None, :])
+
+
+@triton.jit
+def mla_decode_combine_kernel(
+    o_part, lse_part, out, so_b, so_h,
+    H: tl.constexpr, D: tl.constexpr, NS: tl.constexpr, BS: tl.constexpr, BDC: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    os_ = tl.arange(0, BS)
+    ms = os_ < NS
+    lse = tl.load(lse_part + (b * NS + os_) * H + h, mask=ms, other=float("-inf"))
+    mx = tl.max(lse, 0)
+    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    w = tl.where(lse == float("-inf"), 0.0, tl.exp(lse - mx))
+    den = tl.sum(w, 0)
+    w = w / tl.where(den > 0, den, 1.0)
+    for d0 in tl.static_range(0, D, BDC):
+        od = d0 + tl.arange(0, BDC)
+        md = od < D
+        part = tl.load(o_part + ((b * NS + os_[:, None]) * H + h) * D + od[None, :],
+                       mask=ms[:, None] & md[None, :], other=0.0)
+        o = tl.sum(part * w[:, None], 0)
+        tl.store(out + b * so_b + h * so_h + od, o.to(out.dtype.element_ty), mask=md)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count_idx(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return _sm_count_idx(device.index if device.index is not None else torch.cuda.current_device())
+    return 132
+
+
+def choose_splits(batch: int, head_blocks: int, max_len: int, sm_count: int = 132,
+                  min_chunk: int = 256, max_splits: int = 64) -> int:
+    """Split count: enough programs for 2 waves of SMs, each split >= ``min_chunk`` positions."""
+    if max_len <= min_chunk:
+        return 1
+    want = math.ceil(2 * sm_count / max(batch * head_blocks, 1))
+    return int(max(1, min(want, math.ceil(max_len / min_chunk), max_splits)))
+
+
+def mla_decode(
+    q: torch.Tensor, cache: torch.Tensor, lengths: torch.Tensor, *, scale: float,
+    length_offset: int = 0, max_len: int | None = None, num_splits: int | None = None,
+    block_t: int | None = None, block_h: int = 16, out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Absorbed MLA decode attention (layouts in the module docstring).
+
+    Attends to positions ``t < lengths[b] + length_offset`` (K3's DecodeState: the step writes its
+    latent at ``lengths[b]`` then attends with ``length_offset=1``). ``max_len`` bounds
+    ``lengths + length_offset`` (default: the cache capacity); it and the batch choose the split
+    count unless ``num_splits`` is given. Returns out [B, H, D] (q's dtype).
+    """
+    B, H, D = q.shape
+    assert cache.shape[0] == B and cache.shape[2] == D, (q.shape, cache.shape)
+    assert q.stride(-1) == 1 and cache.stride(-1) == 1
+    T = cache.shape[1] if max_len is None else min(int(max_len), cache.shape[1])
+    BH = max(16, min(block_h, triton.next_power_of_2(H)))
+    HB = triton.cdiv(H, BH)
+    BD = triton.next_power_of_2(D)
+    BT = block_t or (32 if BD >= 256 else 64)
+    NS = num_splits or choose_splits(B, HB, T, _sm_count(q.device))
+    split_len = triton.next_power_of_2(triton.cdiv(triton.cdiv(max(T, 1), NS), BT)) * BT
+    NS = max(1, triton.cdiv(max(T, 1), split_len))
+    if out is None:
+        out = torch.empty((B, H, D), dtype=q.dtype, device=q.device)
+    if NS > 1:
+        o_part = torch.empty((B, NS, H, D), dtype=torch.float32, device=q.device)
+        lse_part = torch.empty((B, NS, H), dtype=torch.float32, device=q.device)
+    else:
+        o_part = lse_part = out
+    trace.engaged(COMPONENT, "triton_splitkv", batch=B, heads=H, latent=D, max_len=T,
+                  num_splits=NS)
+    ieee = q.dtype == torch.float32
+    mla_decode_split_kernel[(B, NS, HB)](
+        q, cache, lengths, out, o_part, lse_part,
+        q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), out.stride(0), out.stride(1),
+        float(scale), int(split_len), int(length_offset),
+        H=H, D=D, BD=BD, BH=BH, BT=BT, NS=NS, IEEE=ieee, n_tiles=split_len // BT,
+        num_warps=8 if BD >= 256 else 4, num_stages=2,
+    )
+    if NS > 1:
+        mla_decode_combine_kernel[(B, H)](
+            o_part, lse_part, out, out.stride(0), out.stride(1),
+            H=H, D=D, NS=NS, BS=max(2, triton.next_power_of_2(NS)), BDC=min(BD, 128),
+            num_warps=4,
+        )
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# references
+
+def _attend(q, cache, lengths, scale, length_offset, dtype, max_len=None):
+    """Masked softmax attention over the first ``max_len`` cached positions (default: the
+    longest sequence, which needs a host sync; pass ``max_len`` for CUDA-graph capture)."""
+    B, H, D = q.shape
+    n = (lengths.long() + length_offset).clamp(min=0)
+    if max_len is None:
+        max_len = int(n.max().item()) if B else 0
+    T = int(min(cache.shape[1], max_len))
+    c = cache[:, :T].to(dtype)
+    qq = q.to(dtype)
+    if T == 0:
+        return torch.zeros(B, H, D, dtype=dtype, device=q.device)
+    s = torch.matmul(qq, c.transpose(1, 2)).float() * scale  # [B, H, T]
+    valid = torch.arange(T, device=q.device)[None, :] < n[:, None]  # [B, T]
+    s = s.masked_fill(~valid[:, None, :], float("-inf"))
+    p = torch.softmax(s, -1).nan_to_num(0.0)  # rows with n == 0 -> 0
+    return torch.matmul(p.to(dtype), c)
+
+
+def oracle(q, cache, lengths, *, scale, length_offset=0, max_len=None, **_):
+    """fp32 torch reference: masked softmax attention in latent space, out [B, H, D] fp32."""
+    return _attend(q, cache, lengths, scale, length_offset, torch.float32, max_len)
+
+
+def standard(q, cache, lengths, *, scale, length_offset=0, max_len=None, **_):
+    """The standard path's way: torch matmuls in the working dtype, fp32 softmax."""
+    return _attend(q, cache, lengths, scale, length_offset, q.dtype, max_len).to(q.dtype)
+
+
+def fast(q, cache, lengths, *, scale, length_offset=0, max_len=None, num_splits=None, **_):
+    return mla_decode(q, cache, lengths, scale=scale, length_offset=length_offset,
+                      max_len=max_len, num_splits=num_splits)
+
+
+def make_inputs(shape: dict, value_class: str = "normal", dtype: Any = torch.float32,
+                device: Any = "cpu", seed: int = 0) -> dict:
+    """shape: {"batch", "heads", "latent" (kv_lora), "context" (cache length / max_len),
+    "num_splits" (optional), "qk_head" (for the scale, default 128)}. value classes: normal
+    (unit-RMS latents, full lengths), large (x16 q: peaked softmax), near_zero (1e-3 scale),
+    masked (random per-sequence lengths in [0, context], incl. 0 and 1)."""
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    device = torch.device(device)
+    g = torch.Generator(device=device).manual_seed(seed)  # on the device: 32k contexts are large
+    B, H, D, T = shape["batch"], shape["heads"], shape["latent"], shape["context"]
+    amp_q = {"normal": 1.0, "large": 16.0, "near_zero": 1e-3, "masked": 1.0}[value_class]
+    amp_c = 1e-3 if value_class == "near_zero" else 1.0
+    q = (torch.randn(B, H, D, generator=g, device=device) * amp_q).to(dtype)
+    cache = torch.empty(B, T, D, dtype=dtype, device=device)
+    for b in range(B):  # per sequence: bounds the fp32 temporary
+        cache[b] = torch.randn(T, D, generator=g, device=device) * amp_c
+    if value_class == "masked":
+        lengths = torch.randint(0, T + 1, (B,), generator=g, device=device).cpu()
+        lengths[0] = T
+        if B > 1:
+            lengths[1] = 1
+        if B > 2:
+            lengths[2] = 0
+    else:
+        lengths = torch.full((B,), T)
+    out = dict(q=q, cache=cache, lengths=lengths.to(torch.int32).to(device),
+               scale=shape.get("qk_head", 128) ** -0.5, max_len=T)
+    if shape.get("num_splits"):
+        out["num_splits"] = shape["num_splits"]
+    return out
+
+
+def kernel_entry(device: Any = None) -> KernelSpec:
+    on_cuda = str(device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+    if on_cuda:
+        hd = dict(heads=32, latent=512)
+        shapes = [dict(batch=bs, context=1024, **hd) for bs in (1, 2, 4, 8, 16, 32, 64)]
+        shapes += [dict(batch=1, context=32768, **hd), dict(batch=4, context=8192, **hd),
+                   dict(batch=3, context=1000, **hd), dict(batch=64, context=8192, **hd),
+                   dict(batch=5, context=4099, heads=20, latent=512)]
+    else:  # Triton interpreter: small latent / contexts
+        hd = dict(heads=2, latent=16, qk_head=16)
+        shapes = [dict(batch=bs, context=40, **hd) for bs in (1, 2, 4, 8, 16, 32, 64)]
+        shapes += [dict(batch=3, context=77, num_splits=3, **hd),
+                   dict(batch=5, context=130, heads=3, latent=24, qk_head=16, num_splits=4),
+                   dict(batch=2, context=300, **hd)]
+    return KernelSpec(
+        name="mla_decode", component=COMPONENT, fast=fast, standard=standard, oracle=oracle,
+        make_inputs=make_inputs, shapes=shapes,
+        value_classes=["normal", "large", "near_zero", "masked"], dtypes=default_dtypes(device),
+        k=2.0, deterministic=True,
+        kernel_patterns=[r"mla_decode_split_kernel", r"mla_decode_combine_kernel"],
+    )

@@ -1,0 +1,119 @@
+"""Kernel registry of the K3-mini fast path (DESIGN §3.4, §3.5).
+
+``components()``: each fast-path component with the GPU kernel-name regexes that prove the fast
+path ran (``fast_kernel_patterns``) and those of the standard path's kernels that must NOT
+appear when it did (``fallback_kernel_patterns``). ``kernels()``: every ``kernel_entry()`` of
+``optimized_model/k3/fast/kernels/*.py``.
+
+Light on imports: hooks.py imports COMPONENT_NAMES from here on every model load.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Any
+
+COMPONENT_NAMES = (
+    "dense_gemv",
+    "kda_decode",
+    "mla_decode",
+    "moe_router",
+    "moe_experts",
+    "shared_expert",
+    "norm_residual",
+    "lm_head",
+    "sampler",
+    "decode_graph",
+)
+
+# Our Triton kernels are all named fp_* so the profiler can tell them from the standard path's.
+# Fast patterns of K's / S's kernels are added from their kernel entries (kernel_patterns).
+_FAST = {
+    "dense_gemv": [r"^fp_gemv"],
+    "moe_router": [r"^fp_moe_router"],
+    "moe_experts": [r"^fp_moe_experts"],
+    "shared_expert": [r"^fp_gemv"],
+    "norm_residual": [r"^fp_(add_)?rmsnorm", r"^fp_gemv.*norm"],
+    "lm_head": [r"^fp_gemv"],
+    "kda_decode": [],
+    "mla_decode": [],
+    "sampler": [],
+    "decode_graph": [],
+}
+# Standard path (torch/cuBLAS/fla-core) kernels. cuBLAS GEMMs (nvjet / sm90_xmma / cutlass gemm)
+# must not appear in a fast step: every projection of the fast path is an fp_gemv kernel.
+_CUBLAS = r"(?i)^(?!fp_).*(nvjet|xmma_gemm|sm90_xmma|gemv2T|gemvx|gemmSN|cutlass.*gemm|ampere.*gemm)"
+_FALLBACK = {
+    "dense_gemv": [_CUBLAS],
+    "shared_expert": [_CUBLAS],
+    "lm_head": [_CUBLAS],
+    "kda_decode": [r"fused_recurrent_kda", r"chunk_kda", r"fused_recurrent_fwd"],
+    "mla_decode": [r"(?i)^(?!fp_).*softmax", r"(?i)flash_fwd|fmha|efficient_attention"],
+    "moe_router": [r"(?i)^(?!fp_).*(gatherTopK|sortKeyValueInplace|topk)"],
+    "moe_experts": [r"(?i)^(?!fp_).*(grouped_mm|indexSelect|index_select|scatter_add|radixSort)"],
+    "norm_residual": [r"(?i)^(?!fp_).*(rms_norm|layer_norm)"],
+    "sampler": [r"(?i)^(?!fp_).*(gatherTopK|radixSort|exponential|multinomial)"],
+    "decode_graph": [],
+}
+
+
+@dataclass
+class Component:
+    name: str
+    fast_kernel_patterns: list[str] = field(default_factory=list)
+    fallback_kernel_patterns: list[str] = field(default_factory=list)
+
+
+# Kernel modules that failed to import (name -> error), e.g. CuTe DSL without cutlass.
+import_errors: dict[str, str] = {}
+
+
+def _kernel_modules() -> list[Any]:
+    from . import kernels as pkg
+
+    mods = []
+    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+        if info.name in ("entry", "__init__") or info.name.startswith("_"):
+            continue
+        try:
+            mods.append(importlib.import_module(f"{pkg.__name__}.{info.name}"))
+        except Exception as exc:  # a backend that is missing here (e.g. CuTe DSL on CPU)
+            import_errors[info.name] = f"{type(exc).__name__}: {exc}"
+    return mods
+
+
+def kernels() -> list[Any]:
+    """Every fast kernel's registry entry (``kernel_entry()`` may return one entry or a list)."""
+    out: list[Any] = []
+    seen: set[str] = set()
+    for mod in _kernel_modules():
+        fn = getattr(mod, "kernel_entry", None)
+        if fn is None:
+            continue
+        try:
+            got = fn()
+        except Exception as exc:  # e.g. a CUDA-only kernel asked for on CPU
+            import_errors[mod.__name__.rsplit(".", 1)[-1]] = f"{type(exc).__name__}: {exc}"
+            continue
+        if got is None:
+            continue
+        for entry in got if isinstance(got, (list, tuple)) else [got]:
+            if entry.name in seen:
+                raise ValueError(f"duplicate kernel name {entry.name!r} in {mod.__name__}")
+            seen.add(entry.name)
+            out.append(entry)
+    return out
+
+
+def components(entries: list[Any] | None = None) -> list[Component]:
+    """Component → fast and fallback kernel-name patterns (fast ones include every registered
+    kernel's own ``kernel_patterns``)."""
+    fast = {k: list(v) for k, v in _FAST.items()}
+    for e in entries if entries is not None else kernels():
+        pats = fast.setdefault(e.component, [])
+        for p in getattr(e, "kernel_patterns", []) or []:
+            if p not in pats:
+                pats.append(p)
+    return [Component(n, fast.get(n, []), list(_FALLBACK.get(n, []))) for n in COMPONENT_NAMES]

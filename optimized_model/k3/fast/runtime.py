@@ -1,0 +1,402 @@
+"""The K3-mini fast decoder: one decode step of the whole model with the fast kernels, static
+buffers and (on CUDA) one CUDA graph per (batch, state) — DESIGN §7, issue 4.
+
+Per layer (weights prepacked once at build time; every projection is an ``fp_gemv`` launch):
+
+  KDA   1 gemv  [RMSNorm prologue] x → q|k|v|f_a|g_a|b        (one concatenated weight)
+        1 gemv  [f_a|g_a] → [f|g]                              (block-diagonal f_b ⊕ g_b)
+        1 kda_decode (fused conv, gates, L2 norm, delta rule, o-norm, output gate; kernels/kda_decode.py)
+        1 gemv  o_proj + residual epilogue
+  MLA   1 gemv  [RMSNorm prologue] x → q_a|kv_a|gate_proj
+        1 gemv  [q_a_norm prologue] q_b ;  1 grouped gemv q·W_uk (absorbed, per head)
+        1 add_rmsnorm  kv_a_norm, written straight into the latent cache at lengths[b]
+        mla_decode (split-KV flash decoding + combine; kernels/mla_decode.py)
+        1 grouped gemv W_uv with the sigmoid-gate epilogue ; 1 gemv o_proj + residual
+  MoE   main stream: fused router (norm prologue, fp32 sigmoid, bias, top-k, normalise, scale);
+        latent down gemv (norm prologue); grouped experts up (SwiGLU) + down (× routing weight)
+        side stream (overlapped): shared expert gate|up SwiGLU gemv (norm prologue), down gemv
+        with residual epilogue → x + shared
+        join (event), latent up gemv: slot-sum prologue + residual epilogue (x + shared)
+  dense FFN (layer 0): SwiGLU gemv (norm prologue) + down gemv with residual epilogue
+  head  gemv [final-norm prologue] → fp32 logits (padding columns stay -inf)
+
+On CUDA the whole step is captured once per (batch, state tensors) under
+``fastpath.trace.capturing(key)``; every replay reports ``fastpath.trace.replayed(key)``. On
+CPU (Triton interpreter) the step runs eagerly, sequentially, and ``decode_graph`` is refused
+with reason ``no_cuda``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable
+
+import torch
+
+from fastpath import trace
+
+from . import tuning
+from .kernels import gemv as G
+from .kernels import moe as MOE
+from .kernels import norm as NORM
+
+_graph_ids = itertools.count()
+
+
+class _Packed:
+    """Prepacked weights of one layer."""
+
+
+class FastDecoder:
+    """Built by ``hooks.build_fast_decoder``. ``decode(tokens, state)`` → fp32 logits [B, V]
+    (state updated in place, like ``K3Model.decode``); ``decode_step(batch, context)`` → a
+    callable running one step (a graph replay on CUDA); ``sampler``: the fused FastSampler."""
+
+    def __init__(self, model: Any, state_factory: Callable[..., Any] | None = None, *,
+                 max_context: int | None = None, use_graphs: bool | None = None,
+                 max_graphs: int = 16):
+        self.model = model
+        self.cfg = cfg = model.cfg
+        self.device = torch.device(model.device)
+        self.dtype = model.dtype
+        self.state_factory = state_factory
+        self.on_cuda = self.device.type == "cuda" and not tuning.device_name(self.device) == tuning.CPU_DEVICE
+        self.use_graphs = self.on_cuda if use_graphs is None else (bool(use_graphs) and self.on_cuda)
+        self.max_graphs = max_graphs
+        self.eps = cfg.norm_eps
+        self._graphs: dict[Any, Any] = {}
+        self._bufs: dict[int, dict] = {}
+        self._scratch: dict[tuple, G.GemvScratch] = {}
+        self._side = torch.cuda.Stream(device=self.device) if self.on_cuda else None
+        self._mempool = None
+        self.layers = [self._pack(i) for i in range(cfg.n_layers)]
+        self.w_embed = model.w["embed"]
+        self.w_final_norm = model.w["final_norm"]
+        self.w_head = model.w["lm_head"][: cfg.n_real_tokens]
+        from .kernels.sampler import FastSampler
+
+        self.sampler = FastSampler(n_valid=cfg.n_real_tokens)
+
+    # -- weights --------------------------------------------------------------------------------
+    def _pack(self, i: int) -> _Packed:
+        cfg, W = self.cfg, (lambda n: self.model.w[f"L{i}.{n}"])
+        p = _Packed()
+        p.kind, p.ffn = cfg.layer_kind(i), cfg.ffn_kind(i)
+        p.slot = cfg.slot(i)
+        p.attn_norm, p.ffn_norm = W("attn_norm"), W("ffn_norm")
+        if p.kind == "kda":
+            d, r, H = cfg.kda_dim, cfg.kda_rank, cfg.kda_heads
+            p.w_in = torch.cat([W("qkv_proj"), W("f_a"), W("g_a"), W("b_proj")]).contiguous()
+            p.cols = {"q": (0, d), "k": (d, 2 * d), "v": (2 * d, 3 * d), "fg": (3 * d, 3 * d + 2 * r),
+                      "b": (3 * d + 2 * r, 3 * d + 2 * r + H)}
+            bd = torch.zeros(2 * d, 2 * r, dtype=self.dtype, device=self.device)
+            bd[:d, :r] = W("f_b")
+            bd[d:, r:] = W("g_b")
+            p.w_fg = bd
+            conv = W("conv")
+            p.conv_w = (conv[:d], conv[d:2 * d], conv[2 * d:])
+            p.A_log, p.dt_bias, p.o_norm, p.o_proj = W("A_log"), W("dt_bias"), W("o_norm"), W("o_proj")
+        else:
+            H, ql, kl, nope, v = cfg.mla_heads, cfg.q_lora, cfg.kv_lora, cfg.qk_nope, cfg.v_head
+            p.w_in = torch.cat([W("q_a"), W("kv_a"), W("gate_proj")]).contiguous()
+            p.cols = {"q_a": (0, ql), "kv": (ql, ql + kl), "gate": (ql + kl, ql + kl + H * v)}
+            p.q_a_norm, p.q_b, p.kv_a_norm = W("q_a_norm"), W("q_b"), W("kv_a_norm")
+            kvb = W("kv_b").view(H, nope + v, kl)
+            p.w_ukT = kvb[:, :nope].transpose(1, 2).contiguous()  # [H, C, nope]
+            p.kv_b = W("kv_b")  # W_uv rows read in place (view [H, nope + v, C])
+            p.o_proj = W("o_proj")
+        if p.ffn == "dense":
+            p.w13, p.w2 = W("w13"), W("w2")
+        else:
+            p.router, p.router_bias = W("router"), W("router_bias")
+            p.moe_down, p.moe_up = W("moe_down"), W("moe_up")
+            p.ew13, p.ew2 = W("experts_w13"), W("experts_w2")
+            p.sw13, p.sw2 = W("shared_w13"), W("shared_w2")
+        return p
+
+    # -- buffers ----------------------------------------------------------------------------------
+    def _buffers(self, B: int) -> dict:
+        bufs = self._bufs.get(B)
+        if bufs is not None:
+            return bufs
+        cfg, dt, dev = self.cfg, self.dtype, self.device
+        e = lambda *s, dtype=dt: torch.empty(*s, dtype=dtype, device=dev)  # noqa: E731
+        h = cfg.hidden
+        wide = max([p.w_in.shape[0] for p in self.layers])
+        bufs = {
+            "tokens": torch.zeros(B, dtype=torch.long, device=dev),
+            "xa": e(B, h), "xb": e(B, h), "xs": e(B, h),
+            "proj": e(B, wide),
+            "fg": e(B, 2 * cfg.kda_dim),
+            "o": e(B, max(cfg.kda_dim, cfg.mla_heads * cfg.v_head)),
+            "q": e(B, cfg.mla_heads * cfg.qk_nope),
+            "q_lat": e(B, cfg.mla_heads, cfg.kv_lora),
+            "o_lat": e(B, cfg.mla_heads, cfg.kv_lora),
+            "ffn_h": e(B, max(cfg.dense_inter, cfg.n_shared * cfg.shared_inter)),
+            "sh_h": e(B, cfg.n_shared * cfg.shared_inter),
+            "lat": e(B, cfg.moe_latent),
+            "ids": e(B, cfg.top_k, dtype=torch.int32),
+            "rw": e(B, cfg.top_k, dtype=torch.float32),
+            "eh": e(B * cfg.top_k, cfg.expert_inter),
+            "eo": e(B, cfg.top_k, cfg.moe_latent, dtype=torch.float32),
+            "logits": torch.full((B, cfg.vocab_size), float("-inf"), dtype=torch.float32, device=dev),
+            "events": [(torch.cuda.Event(), torch.cuda.Event()) for _ in range(cfg.n_layers)] if self.on_cuda else None,
+        }
+        self._bufs[B] = bufs
+        return bufs
+
+    def _cfg(self, M: int, N: int, K: int) -> dict:
+        return tuning.lookup("gemv", M, device=self.device, N=N, K=K)
+
+    def _gemv(self, site: str, x, w, out, **kw) -> None:
+        """One gemv launch with this call site's tuning entry and split-K scratch."""
+        M = x.shape[0]
+        N = w.shape[0] // 2 if kw.get("epilogue") == "swiglu" else w.shape[0]
+        cfg = self._cfg(M, N, x.shape[-1])
+        scratch = None
+        if int(cfg.get("SPLIT_K", 1)) > 1 and "groups" not in kw:
+            key = (site, M)
+            scratch = self._scratch.get(key)
+            if scratch is None:
+                scratch = self._scratch[key] = G.GemvScratch(M, N, int(cfg["SPLIT_K"]), kw.get("epilogue") == "swiglu", self.device)
+        G.gemv(x, w, out=out, config=cfg, scratch=scratch, eps=self.eps, **kw)
+        return cfg
+
+    # -- one step ---------------------------------------------------------------------------------
+    def _step(self, bufs: dict, state: Any) -> torch.Tensor:
+        """The whole decode step on static buffers (capturable: no host sync, no allocation
+        that changes between calls)."""
+        cfg = self.cfg
+        B = bufs["tokens"].shape[0]
+        xa, xb, xs = bufs["xa"], bufs["xb"], bufs["xs"]
+        torch.index_select(self.w_embed, 0, bufs["tokens"], out=xa)
+        for i, p in enumerate(self.layers):
+            if p.kind == "kda":
+                self._kda(i, p, bufs, state, xa, xb)
+            else:
+                self._mla(i, p, bufs, state, xa, xb)
+            if p.ffn == "dense":
+                c = self._gemv(f"L{i}.w13", xb, p.w13, bufs["ffn_h"][:, : cfg.dense_inter],
+                               epilogue="swiglu", norm_weight=p.ffn_norm)
+                self._gemv(f"L{i}.w2", bufs["ffn_h"][:, : cfg.dense_inter], p.w2, xa,
+                           epilogue="residual", residual=xb)
+                trace.engaged("dense_gemv", G.variant_name(B, c), layer=i, op="dense_ffn", batch=B)
+                trace.engaged("norm_residual", "fused_gemv_prologue_epilogue", layer=i, batch=B)
+            else:
+                self._moe(i, p, bufs, xb, xs, xa)
+        c = self._gemv("lm_head", xa, self.w_head, bufs["logits"][:, : cfg.n_real_tokens],
+                       norm_weight=self.w_final_norm)
+        trace.engaged("lm_head", G.variant_name(B, c), batch=B, vocab=cfg.n_real_tokens, hidden=cfg.hidden)
+        state.lengths.add_(1)
+        return bufs["logits"]
+
+    def _kda(self, i, p, bufs, state, x, x_out) -> None:
+        from .kernels.kda_decode import kda_decode
+
+        cfg = self.cfg
+        B = x.shape[0]
+        n_in = p.w_in.shape[0]
+        proj = bufs["proj"][:, :n_in]
+        c = self._gemv(f"L{i}.in", x, p.w_in, proj, norm_weight=p.attn_norm)
+        col = lambda k: proj[:, p.cols[k][0]: p.cols[k][1]]  # noqa: E731
+        fg = bufs["fg"]
+        self._gemv(f"L{i}.fg", col("fg"), p.w_fg, fg)
+        d = cfg.kda_dim
+        conv = state.conv[p.slot]
+        o = bufs["o"][:, :d]
+        kda_decode(col("q"), col("k"), col("v"), fg[:, :d], col("b"), fg[:, d:],
+                   conv[:, :d], conv[:, d:2 * d], conv[:, 2 * d:], *p.conv_w,
+                   p.A_log, p.dt_bias, state.kda[p.slot], p.o_norm,
+                   num_heads=cfg.kda_heads, head_k=cfg.kda_head_dim, head_v=cfg.kda_head_dim,
+                   eps_l2=1e-6, eps_norm=cfg.norm_eps, lower_bound=cfg.kda_lower_bound, out=o)
+        c2 = self._gemv(f"L{i}.o", o, p.o_proj, x_out, epilogue="residual", residual=x)
+        trace.engaged("dense_gemv", G.variant_name(B, c), layer=i, op="kda_in", batch=B, N=n_in, K=cfg.hidden)
+        trace.engaged("norm_residual", "fused_gemv_prologue_epilogue", layer=i, batch=B)
+
+    def _mla(self, i, p, bufs, state, x, x_out) -> None:
+        from .kernels.mla_decode import mla_decode
+
+        cfg = self.cfg
+        B = x.shape[0]
+        H, C, nope, v = cfg.mla_heads, cfg.kv_lora, cfg.qk_nope, cfg.v_head
+        n_in = p.w_in.shape[0]
+        proj = bufs["proj"][:, :n_in]
+        c = self._gemv(f"L{i}.in", x, p.w_in, proj, norm_weight=p.attn_norm)
+        col = lambda k: proj[:, p.cols[k][0]: p.cols[k][1]]  # noqa: E731
+        q = bufs["q"]
+        self._gemv(f"L{i}.q_b", col("q_a"), p.q_b, q, norm_weight=p.q_a_norm)
+        q_lat = bufs["q_lat"]
+        # q_lat[b, h] = q[b, h] @ W_uk[h]  (per-head weights: grouped gemv over W_ukT [H, C, nope])
+        G.gemv(q[:, :nope], p.w_ukT[0], out=q_lat[:, 0], config=self._cfg(B, C, nope),
+               groups=(H, nope, C * nope, C, 0))
+        cache = state.latent[p.slot]
+        NORM.add_rmsnorm(col("kv"), p.kv_a_norm, eps=cfg.norm_eps, out=cache, positions=state.lengths)
+        o_lat = bufs["o_lat"]
+        mla_decode(q_lat, cache, state.lengths, scale=nope ** -0.5, length_offset=1,
+                   max_len=cache.shape[1], out=o_lat)
+        o = bufs["o"][:, : H * v]
+        w_uv = p.kv_b[nope: nope + v]  # head 0's W_uv rows; head h at + h * (nope + v) * C
+        G.gemv(o_lat[:, 0], w_uv, out=o[:, :v], epilogue="sigmoid_gate", gate=col("gate")[:, :v],
+               config=self._cfg(B, v, C), groups=(H, C, (nope + v) * C, v, v))
+        self._gemv(f"L{i}.o", o, p.o_proj, x_out, epilogue="residual", residual=x)
+        trace.engaged("dense_gemv", G.variant_name(B, c), layer=i, op="mla_in", batch=B, N=n_in, K=cfg.hidden)
+        trace.engaged("norm_residual", "fused_gemv_prologue_epilogue", layer=i, batch=B)
+
+    def _moe(self, i, p, bufs, x, xs, x_out) -> None:
+        cfg = self.cfg
+        B = x.shape[0]
+        Is = cfg.n_shared * cfg.shared_inter
+        sh_h = bufs["sh_h"]
+
+        def shared():
+            c = self._gemv(f"L{i}.sw13", x, p.sw13, sh_h, epilogue="swiglu", norm_weight=p.ffn_norm)
+            self._gemv(f"L{i}.sw2", sh_h, p.sw2, xs, epilogue="residual", residual=x)
+            return c
+
+        if self.on_cuda:
+            fork, join = bufs["events"][i]
+            main = torch.cuda.current_stream(self.device)
+            fork.record(main)
+            with torch.cuda.stream(self._side):
+                self._side.wait_event(fork)
+                c_sh = shared()
+                join.record(self._side)
+            overlap = "side_stream"
+        else:
+            c_sh = shared()
+            overlap = "sequential"
+        rcfg = tuning.lookup("moe_router", B, device=self.device)
+        MOE.moe_router(x, p.router, p.router_bias, cfg.top_k, routed_scaling=cfg.routed_scaling,
+                       norm_weight=p.ffn_norm, eps=cfg.norm_eps, ids=bufs["ids"], weights=bufs["rw"],
+                       config=rcfg)
+        lat = bufs["lat"]
+        self._gemv(f"L{i}.down", x, p.moe_down, lat, norm_weight=p.ffn_norm)
+        ecfg = tuning.lookup("moe_experts", B, device=self.device)
+        MOE.moe_experts(lat, bufs["ids"], bufs["rw"], p.ew13, p.ew2, h_buf=bufs["eh"], out=bufs["eo"],
+                        config=ecfg)
+        if self.on_cuda:
+            torch.cuda.current_stream(self.device).wait_event(join)
+        self._gemv(f"L{i}.up", bufs["eo"], p.moe_up, x_out, epilogue="residual", residual=xs)
+        trace.engaged("moe_router", "triton_fused", layer=i, batch=B, experts=cfg.n_experts, top_k=cfg.top_k)
+        trace.engaged("moe_experts", MOE.variant_name(B, ecfg), layer=i, batch=B, experts=cfg.n_experts,
+                      top_k=cfg.top_k, latent=cfg.moe_latent, inter=cfg.expert_inter)
+        trace.engaged("shared_expert", G.variant_name(B, c_sh) + "_" + overlap, layer=i, batch=B, inter=Is)
+        trace.engaged("dense_gemv", "triton_latent_proj", layer=i, op="moe_latent", batch=B)
+        trace.engaged("norm_residual", "fused_gemv_prologue_epilogue", layer=i, batch=B)
+
+    # -- public -------------------------------------------------------------------------------------
+    def _state_key(self, state) -> tuple:
+        return tuple((t.data_ptr(), tuple(t.shape)) for t in state.tensors())
+
+    def _capture(self, bufs: dict, state: Any, lengths_base: torch.Tensor | None, extra=None):
+        """Warm up (compile) on a clone of the state, then capture the whole step."""
+        B = bufs["tokens"].shape[0]
+        scratch = state.clone()
+        side = torch.cuda.Stream(device=self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            self._step(bufs, scratch)
+            if extra is not None:
+                extra()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.synchronize(self.device)
+        del scratch
+        if self._mempool is None:
+            self._mempool = torch.cuda.graph_pool_handle()
+        key = ("k3_fast_decode", B, next(_graph_ids))
+        graph = torch.cuda.CUDAGraph()
+        with trace.capturing(key):
+            with torch.cuda.graph(graph, pool=self._mempool):
+                if lengths_base is not None:
+                    state.lengths.copy_(lengths_base)
+                self._step(bufs, state)
+                if extra is not None:
+                    extra()
+            trace.engaged("decode_graph", "cuda_graph_whole_step", batch=B)
+        return key, graph
+
+    @torch.inference_mode()
+    def decode(self, tokens: torch.Tensor, state: Any) -> torch.Tensor:
+        """One decode step; returns fp32 logits [B, V] (a fresh tensor)."""
+        B = state.batch
+        bufs = self._buffers(B)
+        bufs["tokens"].copy_(tokens.to(self.device))
+        if self.use_graphs:
+            skey = (B, self._state_key(state))
+            entry = self._graphs.get(skey)
+            if entry is None:
+                if len(self._graphs) >= self.max_graphs:
+                    old_key, (gk, _) = next(iter(self._graphs.items()))
+                    trace.forget(gk)
+                    del self._graphs[old_key]
+                saved = getattr(state, "max_len", None)
+                entry = self._graphs[skey] = self._capture(bufs, state, None)
+                if saved is not None:
+                    state.max_len = saved
+            gk, graph = entry
+            graph.replay()
+            trace.replayed(gk)
+            out = bufs["logits"].clone()
+        else:
+            if self.device.type != "cuda":
+                trace.refused("decode_graph", "no_cuda", batch=B)
+            else:
+                trace.refused("decode_graph", "graphs_off", batch=B)
+            out = self._step(bufs, state).clone()
+        if hasattr(state, "max_len"):
+            state.max_len += 1
+        return out
+
+    def decode_step(self, batch: int, context: int, draft: int = 0, seed: int = 0) -> Callable[[], None]:
+        """A callable running one fast decode step of ``batch`` sequences at ``context`` tokens
+        (lengths reset to ``context`` inside the step), greedy-sampled by the fused sampler
+        (so the step covers every component). A CUDA-graph replay on CUDA."""
+        if draft:
+            raise NotImplementedError("speculative decoding (draft > 0) is out of the fast path's scope")
+        cap = -(-(context + 1) // 64) * 64
+        if hasattr(self.model, "random_state"):
+            state = self.model.random_state(batch, context, cap, seed=seed)
+        else:
+            state = self.state_factory(batch, cap)
+            state.lengths.fill_(context)
+        base = state.lengths.clone()
+        gen = torch.Generator().manual_seed(seed)
+        bufs = self._buffers(batch)
+        tokens = torch.randint(0, self.cfg.n_real_tokens, (batch,), generator=gen).to(self.device)
+        from .kernels.sampler import sample_tensors
+
+        V = self.cfg.vocab_size
+        s_temp = torch.zeros(batch, dtype=torch.float32, device=self.device)
+        s_topk = torch.zeros(batch, dtype=torch.int32, device=self.device)
+        s_topp = torch.ones(batch, dtype=torch.float32, device=self.device)
+        s_noise = torch.ones(batch, V, dtype=torch.float32, device=self.device)
+        s_tok = torch.empty(batch, dtype=torch.int64, device=self.device)
+        s_lp = torch.empty(batch, dtype=torch.float32, device=self.device)
+
+        def sample():
+            sample_tensors(bufs["logits"], s_temp, s_topk, s_topp, s_noise, None,
+                           n_valid=self.cfg.n_real_tokens, out_tokens=s_tok, out_logprobs=s_lp)
+            trace.engaged("sampler", self.sampler.variant, batch=batch, vocab=V)
+
+        if self.use_graphs:
+            with torch.inference_mode():
+                bufs["tokens"].copy_(tokens)
+                key, graph = self._capture(bufs, state, base, extra=sample)
+
+            def run() -> None:
+                graph.replay()
+                trace.replayed(key)
+
+            run._keep = (state, graph, bufs)  # type: ignore[attr-defined]
+            return run
+
+        def run_eager() -> None:
+            with torch.inference_mode():
+                state.lengths.copy_(base)
+                bufs["tokens"].copy_(tokens)
+                trace.refused("decode_graph", "no_cuda" if self.device.type != "cuda" else "graphs_off",
+                              batch=batch)
+                self._step(bufs, state)
+                sample()
+
+        return run_eager

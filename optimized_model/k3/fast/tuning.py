@@ -1,0 +1,88 @@
+"""Per-device tuning tables of the fast kernels, as data (fast/tuning/*.json).
+
+A table file holds ``{"device": NAME, "kernels": {KERNEL: {"buckets": [ENTRY, ...]}}}``: ENTRY
+has ``max_batch`` (the bucket covers batch sizes up to it, buckets in increasing order) and the
+kernel's parameters (block sizes, ``SPLIT_K`` — an int or "auto" —, ``num_warps``, ``variant``
+such as "triton" or "cute"). Device names: ``torch.cuda.get_device_name()`` (e.g.
+"NVIDIA H200") or ``"cpu-interpreter"`` (Triton's interpreter on CPU). An unknown GPU uses the
+"default" table. No code branches per device: add a JSON file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+TABLE_DIR = Path(__file__).resolve().parent / "tuning"
+CPU_DEVICE = "cpu-interpreter"
+
+
+@lru_cache(maxsize=None)
+def tables() -> dict[str, dict]:
+    out = {}
+    for p in sorted(TABLE_DIR.glob("*.json")):
+        data = json.loads(p.read_text())
+        out[data["device"]] = data
+    return out
+
+
+def device_name(device: Any = None) -> str:
+    """The tuning-table key of ``device`` (a torch device or string)."""
+    dev = str(device) if device is not None else "cuda"
+    interp = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    if interp or not dev.startswith("cuda"):
+        return CPU_DEVICE
+    import torch
+
+    if not torch.cuda.is_available():
+        return CPU_DEVICE
+    return torch.cuda.get_device_name(torch.device(dev))
+
+
+def table_for(device: Any = None) -> dict:
+    t = tables()
+    name = device_name(device)
+    if name in t:
+        return t[name]
+    return t["default"] if name != CPU_DEVICE else t[CPU_DEVICE]
+
+
+def entry(kernel: str, batch: int, device: Any = None) -> dict:
+    """The raw bucket entry for ``kernel`` at ``batch`` (the smallest bucket ≥ batch; the
+    largest bucket beyond)."""
+    tab = table_for(device)
+    try:
+        buckets = tab["kernels"][kernel]["buckets"]
+    except KeyError as exc:
+        raise KeyError(f"tuning table {tab['device']!r} has no kernel {kernel!r}") from exc
+    for b in buckets:
+        if batch <= b["max_batch"]:
+            return dict(b)
+    return dict(buckets[-1])
+
+
+def lookup(kernel: str, batch: int, device: Any = None, **shape: int) -> dict:
+    """Resolved parameters: like ``entry`` with ``SPLIT_K: "auto"`` turned into an int from the
+    shape (enough programs to fill the GPU: ``target_programs``, at least ``min_k_iters``
+    BLOCK_K steps per split)."""
+    cfg = entry(kernel, batch, device)
+    if cfg.get("SPLIT_K") == "auto":
+        N, K = shape.get("N"), shape.get("K")
+        if N is None or K is None:
+            cfg["SPLIT_K"] = 1
+        else:
+            bm = int(cfg.get("BLOCK_M") or 1)
+            progs = -(-N // int(cfg["BLOCK_N"])) * -(-batch // bm)
+            target = int(cfg.get("target_programs", 1))
+            want = max(1, -(-target // progs))
+            k_steps = -(-K // int(cfg["BLOCK_K"]))
+            cap = max(1, k_steps // int(cfg.get("min_k_iters", 1)))
+            cfg["SPLIT_K"] = int(min(want, cap, int(cfg.get("max_split", 16))))
+    return cfg
+
+
+def variant(kernel: str, batch: int, device: Any = None, default: str = "triton") -> str:
+    return str(entry(kernel, batch, device).get("variant", default))

@@ -1,0 +1,239 @@
+"""The K3-mini runner: what ``generate.generate`` drives (prefill / decode), plus the benchmark
+step builders behind ``Model.decode_step`` / ``prefill_step`` / ``mixed_step``.
+
+Standard path on GPU = decode captured in one CUDA graph per (batch, capacity), replayed with
+static token / logits buffers, as a generic engine does. Graphs bind tensor addresses, so the
+runner keeps ONE pooled decode state per (batch, capacity): a prefill of that shape writes into
+it and returns it, and the graph of that shape replays on it. Consequence: one live generation
+per batch shape at a time (``generate`` is sequential, so that holds).
+
+Fast path (``fast_decoder`` given, i.e. the switch is on): every step first asks the single
+dispatch point ``optimized_model.k3.fast.hooks.select_decode(batch, context, kind, decoder=...)``:
+an in-scope decode returns the fast decoder, which runs it (``decoder.decode(tokens, state)``);
+a prefill / mixed / out-of-scope step gets None with the refusal already in fastpath.trace and
+runs the standard code here. The standard path itself reports nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from .model import K3Model
+from .state import DecodeState
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+class _Graph:
+    def __init__(self, graph, tokens, logits):
+        self.graph, self.tokens, self.logits = graph, tokens, logits
+
+
+class K3Runner:
+    """prefill(prompts) -> (logits [B, V] fp32, state); decode(tokens [B], state) -> logits."""
+
+    CAP_ALIGN = 256
+
+    def __init__(self, model: K3Model, *, use_graphs: bool | None = None, fast_decoder: Any = None,
+                 fast_mode: bool = False, reserve: int = 256):
+        self.model = model
+        self.vocab_size = model.cfg.vocab_size
+        self.device = model.device
+        self.use_graphs = (model.device.type == "cuda") if use_graphs is None else bool(use_graphs)
+        if self.use_graphs and model.device.type != "cuda":
+            raise ValueError("CUDA graphs need device='cuda'")
+        self.fast = fast_decoder
+        self.fast_mode = fast_mode
+        if fast_mode and fast_decoder is None:
+            raise RuntimeError("fast path requested but no fast decoder was built")
+        self.sampler = getattr(fast_decoder, "sampler", None) if fast_mode else None
+        self.reserve = reserve  # decode positions reserved after the longest prompt
+        self._pool: dict[tuple[int, int], DecodeState] = {}
+        self._graphs: dict[tuple[int, int], _Graph] = {}
+        self._mempool = None
+
+    # -- dispatch -----------------------------------------------------------------------------
+    def _select(self, batch: int, context: int, kind: str):
+        if not self.fast_mode:
+            return None
+        from .fast import hooks
+
+        return hooks.select_decode(batch, context, kind, decoder=self.fast)
+
+    # -- state pool -----------------------------------------------------------------------------
+    def state(self, batch: int, capacity: int) -> DecodeState:
+        """The pooled (graphs) or a fresh (eager) empty state of this shape."""
+        if not self.use_graphs:
+            return self.model.new_state(batch, capacity)
+        key = (batch, capacity)
+        st = self._pool.get(key)
+        if st is None:
+            st = self._pool[key] = self.model.new_state(batch, capacity)
+        else:
+            for t in st.tensors():
+                t.zero_()
+            st.max_len = 0
+        return st
+
+    def adopt(self, state: DecodeState) -> DecodeState:
+        """Make ``state`` the pooled state of its shape (its graph then replays on it)."""
+        if self.use_graphs:
+            key = (state.batch, state.capacity)
+            if self._pool.get(key) is not state:
+                self._pool[key] = state
+                self._graphs.pop(key, None)
+        return state
+
+    def _grow(self, state: DecodeState, need: int) -> None:
+        """Give ``state`` (in place: same object) a larger latent cache."""
+        old_key = (state.batch, state.capacity)
+        cap = _round_up(max(need, 2 * state.capacity), self.CAP_ALIGN)
+        latent = state.latent.new_zeros(*state.latent.shape[:2], cap, state.latent.shape[3])
+        latent[:, :, : state.capacity].copy_(state.latent)
+        state.latent = latent
+        if self.use_graphs:
+            if self._pool.get(old_key) is state:
+                del self._pool[old_key]
+                self._graphs.pop(old_key, None)
+            self.adopt(state)
+
+    # -- generate interface ------------------------------------------------------------------------
+    def prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, DecodeState]:
+        B = len(prompts)
+        lens = [len(p) for p in prompts]
+        if min(lens) < 1:
+            raise ValueError("empty prompt")
+        T = max(lens)
+        self._select(B, T, "prefill")  # reports refused("prefill") on the fast path
+        tokens = torch.zeros(B, T, dtype=torch.long)
+        for b, p in enumerate(prompts):
+            tokens[b, : len(p)] = torch.as_tensor(p, dtype=torch.long)
+        state = self.state(B, _round_up(T + self.reserve, self.CAP_ALIGN))
+        logits = self.model.prefill(tokens.to(self.device), torch.as_tensor(lens).to(self.device), state)
+        return logits, state
+
+    def decode(self, tokens: torch.Tensor, state: DecodeState) -> torch.Tensor:
+        B = state.batch
+        if state.max_len + 1 > state.capacity:
+            self._grow(state, state.max_len + 1)
+        fast = self._select(B, state.max_len, "decode")
+        if fast is not None:
+            return fast.decode(tokens, state)
+        tokens = tokens.to(self.device)
+        if not self.use_graphs:
+            return self.model.decode(tokens, state)
+        key = (B, state.capacity)
+        if self._pool.get(key) is not state:
+            self.adopt(state)
+        g = self._graphs.get(key)
+        if g is None:
+            g = self._graphs[key] = self._capture(state)
+        g.tokens.copy_(tokens)
+        g.graph.replay()
+        state.max_len += 1
+        return g.logits.clone()
+
+    # -- CUDA graphs -------------------------------------------------------------------------------
+    def _capture(self, state: DecodeState, lengths_base: torch.Tensor | None = None,
+                 tokens: torch.Tensor | None = None) -> _Graph:
+        """Capture one decode step on ``state``'s tensors. Warm-up (Triton autotuning, lazy
+        init) runs on a scratch copy so the real state is not advanced. With ``lengths_base``
+        the graph first resets ``state.lengths`` to it (benchmark steps stay at one context)."""
+        static_tokens = tokens if tokens is not None else torch.zeros(state.batch, dtype=torch.long, device=self.device)
+        scratch = state.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self.model.decode(static_tokens, scratch)
+        torch.cuda.current_stream().wait_stream(side)
+        del scratch
+        if self._mempool is None:
+            self._mempool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        saved = state.max_len
+        with torch.cuda.graph(graph, pool=self._mempool):
+            if lengths_base is not None:
+                state.lengths.copy_(lengths_base)
+            logits = self.model.decode(static_tokens, state)
+        state.max_len = saved
+        return _Graph(graph, static_tokens, logits)
+
+    # -- benchmark steps ---------------------------------------------------------------------------
+    def decode_step(self, batch: int, context: int, draft: int = 0, seed: int = 0) -> Callable[[], None]:
+        """A callable running one decode step of ``batch`` sequences at ``context`` tokens.
+
+        The state is random-but-valid (``state.random_state``: no prefill, so 32k contexts are
+        cheap), with capacity = context + 1 rounded up to 64 (the attention span). Each call
+        first resets the lengths to ``context`` (inside the graph on GPU), so every call does
+        the same work. On GPU the step is a CUDA-graph replay."""
+        if draft:
+            raise NotImplementedError("speculative decoding (draft > 0) is not supported by K3-mini")
+        if self.fast_mode:
+            fast = self._select(batch, context, "decode")
+            if fast is not None:
+                return fast.decode_step(batch, context)
+        cap = _round_up(context + 1, 64)
+        state = self.model.random_state(batch, context, cap, seed=seed)
+        base = state.lengths.clone()
+        gen = torch.Generator().manual_seed(seed)
+        tokens = torch.randint(0, self.model.cfg.n_real_tokens, (batch,), generator=gen).to(self.device)
+        if self.use_graphs:
+            g = self._capture(state, lengths_base=base, tokens=tokens)
+            g.state = state  # keep the graph's tensors alive as long as the callable
+
+            def run() -> None:
+                g.graph.replay()
+        else:
+            def run() -> None:
+                state.lengths.copy_(base)
+                self.model.decode(tokens, state)
+
+        if not self.fast_mode:
+            return run
+
+        def fallback() -> None:  # fast path on, step out of its scope: report on every run
+            self._select(batch, context, "decode")
+            run()
+
+        return fallback
+
+    def prefill_step(self, batch: int, context: int, seed: int = 0) -> Callable[[], None]:
+        """A callable prefilling ``batch`` random prompts of ``context`` tokens (eager)."""
+        gen = torch.Generator().manual_seed(seed)
+        tokens = torch.randint(0, self.model.cfg.n_real_tokens, (batch, context), generator=gen).to(self.device)
+        lengths = torch.full((batch,), context, dtype=torch.long, device=self.device)
+        state = self.model.new_state(batch, _round_up(context + 1, 64))
+
+        def step() -> None:
+            self._select(batch, context, "prefill")
+            self.model.prefill(tokens, lengths, state)
+
+        return step
+
+    def mixed_step(self, batch: int, context: int, seed: int = 0) -> Callable[[], None]:
+        """One step mixing a prefill of ``context`` tokens with ``batch - 1`` decodes at
+        ``context`` (out of the fast path's scope: it reports ``mixed_batch``). The standard
+        path runs the prefill part and the decode part one after the other."""
+        gen = torch.Generator().manual_seed(seed)
+        prompt = torch.randint(0, self.model.cfg.n_real_tokens, (1, context), generator=gen).to(self.device)
+        plen = torch.full((1,), context, dtype=torch.long, device=self.device)
+        pstate = self.model.new_state(1, _round_up(context + 1, 64))
+        nd = batch - 1
+        if nd:
+            dstate = self.model.random_state(nd, context, _round_up(context + 1, 64), seed=seed)
+            base = dstate.lengths.clone()
+            dtok = torch.randint(0, self.model.cfg.n_real_tokens, (nd,), generator=gen).to(self.device)
+
+        def step() -> None:
+            self._select(batch, context, "mixed")
+            self.model.prefill(prompt, plen, pstate)
+            if nd:
+                dstate.lengths.copy_(base)
+                self.model.decode(dtok, dstate)
+
+        return step

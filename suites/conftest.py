@@ -1,0 +1,94 @@
+"""Suite-level helpers shared by suites/test_*.py (fixtures come from fastpath.pytest_plugin).
+
+Kept dependency-light: the suites talk to the subject only through the Engine protocol
+(fastpath.engine), the spec (fp_spec / fp_gate) and the kernel registry.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from typing import Any
+
+# Refusal reasons that are a property of the machine, not a defect, and on which device kind
+# each is acceptable: "no_cuda" (the whole-step CUDA graph cannot exist on CPU).
+ENVIRONMENT_REASONS = {"no_cuda": "cpu"}
+
+# Words for deterministic prompts (parity, features): plain ASCII so byte-level tokenizers and
+# any other tokenizer see ordinary text.
+_WORDS = (
+    "the model reads a long document and answers questions about the numbers in it while the "
+    "decoder keeps its state across many steps so every token depends on what came before and "
+    "a fast path must compute the same thing as the standard one for short and long contexts "
+    "alike including json records regex patterns prices dates names and code"
+).split()
+
+
+def case_config(case: Any) -> dict:
+    cfg = case.config if hasattr(case, "config") else case["config"]
+    return dict(cfg)
+
+
+def case_id(case: Any) -> str:
+    return case.case_id if hasattr(case, "case_id") else case["case_id"]
+
+
+def tier_name(tier: Any) -> str:
+    return tier.name if hasattr(tier, "name") else str(tier["name"])
+
+
+def device_kind(engine: Any) -> str:
+    return "cuda" if str(engine.info().get("device", "cpu")).startswith("cuda") else "cpu"
+
+
+def environment_refusal(reason: str, engine: Any) -> bool:
+    """True if refusing with ``reason`` is expected on this machine (not a defect)."""
+    return ENVIRONMENT_REASONS.get(reason) == device_kind(engine)
+
+
+def prompt_text(seed: int, n_chars: int) -> str:
+    rng = random.Random(seed)
+    out: list[str] = []
+    size = 0
+    while size < n_chars:
+        w = rng.choice(_WORDS)
+        if rng.random() < 0.08:
+            w = f"{w} {rng.randint(0, 9999)}"
+        out.append(w)
+        size += len(w) + 1
+    return " ".join(out)[:n_chars]
+
+
+def prompt_ids(tokenizer: Any, seed: int, n_tokens: int) -> list[int]:
+    """A deterministic prompt of exactly ``n_tokens`` ids (BOS first), n_tokens >= 1."""
+    ids = tokenizer.encode(prompt_text(seed, 4 * n_tokens + 16), bos=True)
+    while len(ids) < n_tokens:  # tokenizers with long tokens: extend
+        ids += tokenizer.encode(prompt_text(seed + len(ids), 4 * n_tokens), bos=False)
+    return ids[:n_tokens]
+
+
+def as_list(x: Any) -> list:
+    if isinstance(x, (list, tuple)):
+        return list(x)
+    return [x]
+
+
+def jsonable(x: Any) -> Any:
+    """Floats that JSON can carry (inf/nan as strings)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    return x
+
+
+def record_waived(record: Any, gate: str, metric: str, reason: str, **cfg: Any) -> None:
+    """A waiver row that does not end the test (e.g. one component of a case)."""
+    record(gate, metric, None, status="waived", passed=False, message=reason, **cfg)
+
+
+def dumps(x: Any) -> str:
+    return json.dumps(jsonable(x), sort_keys=True, default=str)

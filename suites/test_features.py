@@ -1,0 +1,380 @@
+"""Features suite: production features still work on the fast path (issue 5 item 4).
+
+structured    (features_structured_output) JSON schema / regex through the engine's structured
+              output (xgrammar), greedy or sampled at temperature 0.9, batch 4: valid rate (jsonschema /
+              re.fullmatch) >= min_valid_rate; the trace proves the fast path ran during the
+              constrained generation (sampler and every decode component engaged); greedy outputs
+              identical between the standard and the fast path.
+sampling      (features_sampling_distribution) fixed prompts, many seeds, temperature 0.8,
+              max_tokens 2, batched at the fast path's largest batch: the second token is the first
+              one the fast decode step and fast sampler produce, so its frequencies, grouped by
+              (prompt, first token), are tested against softmax(standard logits / T) from
+              ``score`` (padding ids masked): pooled G-test (low-count bins pooled) at alpha;
+              draws = smoke_draws / full_draws. Also: the fast sampler must have run.
+seeded        (features_seeded_reproducible) same seeds twice on the fast path -> identical;
+              fast vs standard with the same seeds: token agreement (up to each sequence's first
+              divergence) >= the floor measured standard vs oracle (parity rule, min 1.0).
+masks         (features_sampling_masks) top_k = 5 / top_p = 0.6 at temperature 1: every
+              sampled token lies in the standard path's top-k set / nucleus at that position
+              (boundary tolerance: the fast-vs-standard logit / probability difference measured
+              at that position by teacher forcing).
+full_context  (features_full_context) a request at the tier's largest context completes on the
+              fast path (trace), with finite logits, and parity (top-1, KL) within the floor
+              over the last positions, by the parity gates' rules.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import pathlib
+import re
+import sys
+from collections import Counter, defaultdict
+
+import numpy as np
+import pytest
+
+from fastpath import stats, trace
+from fastpath.engine import GenerationRequest
+
+
+def _helpers():
+    name = "fastpath_suites_helpers"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, pathlib.Path(__file__).with_name("conftest.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+H = _helpers()
+
+JSON_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "ok": {"type": "boolean"},
+        "color": {"enum": ["red", "green", "blue"]},
+        "tag": {"type": "string", "pattern": "^[a-z]{1,6}$"},
+    },
+    "required": ["ok", "color", "tag"],
+    "additionalProperties": False,
+}
+REGEX = r"[a-z]{2,5}-[0-9]{1,3}(\.[a-z]{1,4})?"
+STRUCT_BATCH = 4
+STRUCT_TEMPERATURE = 0.9
+SAMPLING_TEMPERATURE = 0.8
+N_SAMPLING_PROMPTS = 4
+
+
+def _scope_max_batch(fp_spec, fp_tier) -> int:
+    for obj in (fp_spec, fp_tier):
+        sc = getattr(obj, "scope", None)
+        if sc and sc.get("batch_sizes"):
+            return int(max(sc["batch_sizes"]))
+    return 4
+
+
+def _tier_max_batch(fp_tier) -> int:
+    return int(max(fp_tier.scope["batch_sizes"]))
+
+
+def _n_valid(tok, vocab: int) -> int:
+    n = getattr(tok, "n_real_tokens", None)
+    return int(n) if n else vocab
+
+
+def _masked(logits: np.ndarray, n_valid: int) -> np.ndarray:
+    x = np.array(logits, dtype=np.float64)
+    x[..., n_valid:] = -np.inf
+    return x
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    return np.exp(stats.log_softmax(x))
+
+
+def _decode_components(engine) -> list[str]:
+    return [c.name for c in engine.components()]
+
+
+def _engagement(rec, engine) -> tuple[list[str], dict]:
+    """Components that never engaged (environment refusals excused) and a summary."""
+    missing = []
+    for comp in _decode_components(engine):
+        if rec.engaged(comp):
+            continue
+        reasons = {e.detail for e in rec.refused(comp)}
+        if reasons and all(H.environment_refusal(r, engine) for r in reasons):
+            continue
+        missing.append(comp)
+    summary = {c: sorted(v) for c, v in rec.components().items()}
+    return missing, summary
+
+
+def _valid(kind: str, text: str) -> tuple[bool, str]:
+    if kind == "json_schema":
+        import jsonschema
+
+        try:
+            jsonschema.validate(json.loads(text), JSON_SCHEMA)
+            return True, ""
+        except Exception as exc:  # json or schema error
+            return False, f"{type(exc).__name__}: {str(exc)[:120]}"
+    ok = re.fullmatch(REGEX, text) is not None
+    return ok, "" if ok else "no re.fullmatch"
+
+
+@pytest.mark.fastpath(kind="structured", gate="features_structured_output")
+def test_structured_output(case, fp_engine, fp_models, fp_gate, record):
+    cfg = H.case_config(case)
+    kind, mode = cfg["structured"], cfg["mode"]
+    draft = int(cfg.get("draft", 0))
+    gate = fp_gate("features_structured_output")
+    min_valid = float(gate.get("min_valid_rate", 1.0))
+    fast, std = fp_models["fast"], fp_models["standard"]
+    tok = fast.tokenizer
+    constraint = {"json_schema": JSON_SCHEMA} if kind == "json_schema" else {"regex": REGEX}
+    temp = 0.0 if mode == "greedy" else STRUCT_TEMPERATURE
+    text = "Answer with a JSON object:" if kind == "json_schema" else "Answer with a code like ab-12:"
+    reqs = [GenerationRequest(prompt_ids=tok.encode(f"{text} item {i}."), max_tokens=96, temperature=temp,
+                              seed=100 + i, structured=dict(constraint)) for i in range(STRUCT_BATCH)]
+    with trace.recording() as rec:
+        out_fast = fast.generate(reqs)
+    checks = [_valid(kind, r.text) for r in out_fast]
+    n_ok = sum(ok for ok, _ in checks)
+    rate = n_ok / len(reqs)
+    base = {"batch": STRUCT_BATCH, "draft": draft, "path": "fast"}
+    outputs = [{"text": r.text[:200], "finish_reason": r.finish_reason, "valid": ok, "error": why}
+               for r, (ok, why) in zip(out_fast, checks)]
+    record("features_structured_output", "valid_rate", rate, threshold=min_valid, comparator=">=",
+           detail={"structured": kind, "mode": mode, "temperature": temp}, evidence={"outputs": outputs},
+           message="" if rate >= min_valid else f"{len(reqs) - n_ok}/{len(reqs)} outputs invalid", **base)
+    missing, summary = _engagement(rec, fp_engine)
+    sampler_runs = len(rec.engaged("sampler"))
+    ok = not missing and sampler_runs > 0
+    record("features_structured_output", "fast_path_engaged", 0 if ok else 1, threshold=0, comparator="<=",
+           detail={"structured": kind, "mode": mode, "not_engaged": missing, "sampler_runs": sampler_runs},
+           evidence={"trace": summary},
+           message="" if ok else f"fast path not engaged during constrained generation: {missing or ['sampler']}",
+           **base)
+    if mode == "greedy":
+        out_std = std.generate(reqs)
+        same = [list(a.token_ids) == list(b.token_ids) for a, b in zip(out_fast, out_std)]
+        frac = sum(same) / len(same)
+        record("features_structured_output", "greedy_identical", frac, threshold=1.0, comparator=">=",
+               detail={"structured": kind, "mode": mode},
+               evidence={"fast": [r.text[:200] for r in out_fast], "standard": [r.text[:200] for r in out_std]},
+               message="" if frac >= 1.0 else "greedy constrained outputs differ between standard and fast",
+               **base)
+
+
+def _draws_for_tier(fp_gate, fp_tier) -> tuple[int, float]:
+    g = fp_gate("features_sampling_distribution")
+    key = "full_draws" if H.tier_name(fp_tier) == "full" else "smoke_draws"
+    return int(g.get(key, 20000)), float(g.get("alpha", 0.001))
+
+
+@pytest.mark.fastpath(kind="sampling", gate="features_sampling_distribution")
+def test_sampling_distribution(case, fp_engine, fp_spec, fp_tier, fp_models, fp_gate, record):
+    draws, alpha = _draws_for_tier(fp_gate, fp_tier)
+    fast, std = fp_models["fast"], fp_models["standard"]
+    tok = fast.tokenizer
+    T = SAMPLING_TEMPERATURE
+    batch = _scope_max_batch(fp_spec, fp_tier)
+    prompts = [tok.encode(f"Sample {i}: the next letter is") for i in range(N_SAMPLING_PROMPTS)]
+    per_prompt = -(-draws // len(prompts))
+    groups: dict[tuple[int, int], Counter] = defaultdict(Counter)
+    calls = 0
+    with trace.recording() as rec:
+        for pi, p in enumerate(prompts):
+            for start in range(0, per_prompt, batch):
+                n = min(batch, per_prompt - start)
+                reqs = [GenerationRequest(prompt_ids=list(p), max_tokens=2, temperature=T,
+                                          seed=1_000_000 * (pi + 1) + start + j, stop_token_ids=[])
+                        for j in range(n)]
+                for r in fast.generate(reqs):
+                    ids = list(r.token_ids)
+                    if len(ids) >= 2:
+                        groups[(pi, ids[0])][ids[1]] += 1
+                calls += 1
+    sampler_runs = len(rec.engaged("sampler"))
+    keys = sorted(groups)
+    seqs = [list(prompts[pi]) + [t1] for pi, t1 in keys]
+    logits = std.score(seqs) if seqs else []
+    tests = []
+    vocab = None
+    for (pi, t1), lg in zip(keys, logits):
+        row = lg[-1].detach().float().cpu().numpy().astype(np.float64)
+        vocab = row.shape[-1]
+        p = _softmax(_masked(row, _n_valid(tok, vocab)) / T)
+        obs = np.zeros(vocab)
+        for t, c in groups[(pi, t1)].items():
+            obs[t] += c
+        tests.append(stats.g_test(obs, p))
+    res = stats.g_test_pooled(tests) if tests else None
+    n = res.n if res else 0
+    ok = res is not None and res.passed(alpha) and n >= 0.9 * draws and sampler_runs > 0
+    msg = ""
+    if sampler_runs == 0:
+        msg = "the fast sampler never engaged during the draws"
+    elif res is None or n < 0.9 * draws:
+        msg = f"only {n} second-token draws of {draws} (generation stopped at the first token)"
+    elif not res.passed(alpha):
+        msg = (f"sampled frequencies differ from softmax(standard logits / {T}): G={res.statistic:.1f}, "
+               f"df={res.df}, p={res.p_value:.3g} < alpha={alpha}"
+               + (f"; {res.impossible} draws of zero-probability tokens" if res.impossible else ""))
+    record("features_sampling_distribution", "g_test_p_value", res.p_value if res else None, threshold=alpha,
+           comparator=">=", passed=ok, batch=batch, path="fast",
+           detail={"temperature": T, "draws": n, "draws_required": draws, "prompts": len(prompts),
+                   "groups": len(keys), "alpha": alpha, "sampler_runs": sampler_runs, "generate_calls": calls,
+                   "seeds": "1e6*(prompt+1) + i"},
+           evidence=H.jsonable(res.as_dict() if res else {}), message=msg)
+
+
+def _agreement_until_divergence(a: list[list[int]], b: list[list[int]]) -> float:
+    total = match = 0
+    for x, y in zip(a, b):
+        total += max(len(x), len(y))
+        for u, v in zip(x, y):
+            if u != v:
+                break
+            match += 1
+    return match / total if total else math.nan
+
+
+@pytest.mark.fastpath(kind="seeded", gate="features_seeded_reproducible")
+def test_seeded_reproducible(case, fp_models, fp_tier, record):
+    fast, std, orc = fp_models["fast"], fp_models["standard"], fp_models["oracle"]
+    tok = fast.tokenizer
+    batch = min(4, _tier_max_batch(fp_tier))
+    reqs = [GenerationRequest(prompt_ids=tok.encode(f"Seeded request {i} says"), max_tokens=12, temperature=0.9,
+                              top_p=0.95, seed=4242 + i) for i in range(batch)]
+    with trace.recording() as rec:
+        f1 = [list(r.token_ids) for r in fast.generate(reqs)]
+    f2 = [list(r.token_ids) for r in fast.generate(reqs)]
+    s = [list(r.token_ids) for r in std.generate(reqs)]
+    o = [list(r.token_ids) for r in orc.generate(reqs)]
+    same = sum(x == y for x, y in zip(f1, f2)) / len(reqs)
+    fired = len(rec.engaged("sampler")) > 0
+    record("features_seeded_reproducible", "fast_repeat_identical", same, threshold=1.0, comparator=">=",
+           passed=same >= 1.0 and fired, batch=batch, path="fast", evidence={"first": f1, "second": f2},
+           message="" if same >= 1.0 and fired else
+           ("fast sampler did not engage" if not fired else "same seed twice gave different samples on the fast path"))
+    agree = _agreement_until_divergence(f1, s)
+    floor = _agreement_until_divergence(s, o)
+    n = sum(max(len(x), len(y)) for x, y in zip(f1, s))
+    thr, margin = _parity_threshold(floor, n, 1.0)
+    record("features_seeded_reproducible", "fast_vs_standard_agreement", agree, threshold=thr, comparator=">=",
+           batch=batch, path="fast", detail={"floor_standard_vs_oracle": floor, "margin": margin, "tokens": n},
+           evidence={"fast": f1, "standard": s, "oracle": o},
+           message="" if agree >= thr else f"same seeds: fast agrees with standard on {agree:.3f} of tokens "
+           f"(floor standard vs oracle {floor:.3f})")
+
+
+def _parity_threshold(floor: float, n: int, min_agreement: float) -> tuple[float, float]:
+    if n <= 0 or math.isnan(floor):
+        return min_agreement, 0.0
+    margin = 2.0 * math.sqrt(max(floor * (1.0 - floor), 1.0 / n) / n)
+    return (min_agreement, margin) if floor >= min_agreement else (floor - margin, margin)
+
+
+MASK_TOP_K = 5
+MASK_TOP_P = 0.6
+
+
+@pytest.mark.fastpath(kind="masks", gate="features_sampling_masks")
+def test_sampling_masks(case, fp_models, fp_tier, record):
+    mask = H.case_config(case)["mask"]
+    fast, std = fp_models["fast"], fp_models["standard"]
+    tok = fast.tokenizer
+    batch = _tier_max_batch(fp_tier)
+    n_req = 4 * batch
+    kw = {"top_k": MASK_TOP_K} if mask == "top_k" else {"top_p": MASK_TOP_P}
+    prompts = [tok.encode(f"Mask test {i}: once upon a time") for i in range(n_req)]
+    outs = []
+    with trace.recording() as rec:
+        for s0 in range(0, n_req, batch):
+            reqs = [GenerationRequest(prompt_ids=prompts[i], max_tokens=12, temperature=1.0, seed=777 + i, **kw)
+                    for i in range(s0, min(n_req, s0 + batch))]
+            outs += [list(r.token_ids) for r in fast.generate(reqs)]
+    seqs = [p + o for p, o in zip(prompts, outs) if o]
+    starts = [len(p) for p, o in zip(prompts, outs) if o]
+    ls = std.score(seqs)
+    lf = fast.score(seqs)
+    violations = []
+    checked = 0
+    for seq, st, a, b in zip(seqs, starts, ls, lf):
+        la = a.detach().float().cpu().numpy().astype(np.float64)
+        lb = b.detach().float().cpu().numpy().astype(np.float64)
+        nv = _n_valid(tok, la.shape[-1])
+        for pos in range(st, len(seq)):
+            t = seq[pos]
+            xa, xb = _masked(la[pos - 1], nv), _masked(lb[pos - 1], nv)
+            fin = np.isfinite(xa) & np.isfinite(xb)
+            tol = float(np.max(np.abs(xa[fin] - xb[fin]))) if fin.any() else 0.0
+            checked += 1
+            if t >= nv:
+                violations.append({"pos": pos, "token": t, "why": "padding id"})
+                continue
+            if mask == "top_k":
+                kth = np.sort(xa)[::-1][MASK_TOP_K - 1]
+                if not xa[t] >= kth - tol:
+                    violations.append({"pos": pos, "token": t, "logit": xa[t], "kth": kth, "tol": tol})
+            else:
+                pa, pb = _softmax(xa), _softmax(xb)
+                tv = 0.5 * float(np.abs(pa - pb).sum())
+                above = float(pa[pa > pa[t]].sum())
+                if not above < MASK_TOP_P + tv:
+                    violations.append({"pos": pos, "token": t, "mass_above": above, "top_p": MASK_TOP_P, "tv": tv})
+    fired = len(rec.engaged("sampler")) > 0
+    ok = fired and not violations and checked > 0
+    record("features_sampling_masks", "tokens_outside_mask", len(violations), threshold=0, comparator="<=",
+           passed=ok, batch=batch, path="fast",
+           detail={"mask": mask, "top_k": kw.get("top_k"), "top_p": kw.get("top_p"), "tokens_checked": checked},
+           evidence=H.jsonable({"violations": violations[:50]}),
+           message="" if ok else ("fast sampler did not engage" if not fired else
+                                  f"{len(violations)} of {checked} sampled tokens outside the {mask} set"))
+
+
+@pytest.mark.fastpath(kind="full_context", gate="features_full_context")
+def test_full_context(case, fp_engine, fp_models, fp_gate, record):
+    context = int(H.case_config(case)["context"])
+    fast, std, orc = fp_models["fast"], fp_models["standard"], fp_models["oracle"]
+    tok = fast.tokenizer
+    n_gen = 4
+    prompt = H.prompt_ids(tok, 31337, context - n_gen)
+    with trace.recording() as rec:
+        res = fast.generate([GenerationRequest(prompt_ids=prompt, max_tokens=n_gen, temperature=0.0)])[0]
+    missing, _ = _engagement(rec, fp_engine)
+    fired = bool(rec.engaged()) and not missing
+    ids = list(res.token_ids)
+    completed = len(ids) == n_gen or res.finish_reason == "stop"
+    base = {"context": context, "batch": 1, "path": "fast"}
+    record("features_full_context", "completed_on_fast_path", 1.0 if (completed and fired) else 0.0, threshold=1.0,
+           comparator=">=", detail={"finish_reason": res.finish_reason, "generated": len(ids),
+                                    "engaged_components": sorted({e.component for e in rec.engaged()}),
+                                    "not_engaged": missing},
+           message="" if completed and fired else
+           ("fast path did not engage at full context" if not fired else "generation did not complete"), **base)
+    seq = prompt + ids
+    n_pos = min(64, max(1, context // 2))
+    ls, lf, lo = (m.score([seq])[0].detach().float().cpu().numpy().astype(np.float64)[-n_pos - 1:-1]
+                  for m in (std, fast, orc))
+    finite = bool(np.isfinite(lf).any(axis=-1).all()) and not bool(np.isnan(lf).any())
+    record("features_full_context", "finite_logits", 1.0 if finite else 0.0, threshold=1.0, comparator=">=",
+           detail={"positions": n_pos}, message="" if finite else "non-finite fast logits at full context", **base)
+    g1, gk = fp_gate("parity_top1_agreement"), fp_gate("parity_kl")
+    a_fs, a_so = stats.top1_agreement(lf, ls), stats.top1_agreement(ls, lo)
+    thr, margin = _parity_threshold(a_so, n_pos, float(g1.get("min_agreement", 0.99)))
+    record("features_full_context", "top1_agreement", a_fs, threshold=thr, comparator=">=",
+           detail={"floor": a_so, "margin": margin, "positions": n_pos},
+           message="" if a_fs >= thr else f"top-1 fast vs standard {a_fs:.3f} < {thr:.3f} at full context", **base)
+    kl = float(np.mean(stats.kl_divergence(ls, lf)))
+    kfloor = float(np.mean(stats.kl_divergence(lo, ls)))
+    kthr = float(gk.get("factor", 4.0)) * kfloor + float(gk.get("slack", 1e-4))
+    record("features_full_context", "kl_standard_fast", kl if math.isfinite(kl) else float("inf"), threshold=kthr,
+           comparator="<=", detail={"kl_floor": kfloor, "positions": n_pos},
+           message="" if kl <= kthr else f"KL(standard||fast) {kl:.3g} > {kthr:.3g} at full context", **base)

@@ -1,0 +1,217 @@
+"""Kernel suite: each registered fast kernel vs its fp32 oracle (DESIGN §3.5, issue 5 item 2).
+
+For every kernel entry of ``engine.kernels()`` (the plan's ``kernel`` cases: one kernel, or the
+whole registry when the case names none, per dtype of the tier), over its shapes (smoke tier:
+first, last and odd/edge shapes; full tier: all) and value classes:
+
+kernels_noise_floor   err(fast) <= tol, err = max |x - oracle| (non-finite oracle entries must
+                      be matched exactly), tol = max(atol_floor[dtype], k * err(standard)); k
+                      and atol_floor from the gate (a kernel may only declare a larger floor,
+                      shown in the row). One row per kernel x shape x value class.
+kernels_finite        no NaN/Inf in the fast output where the oracle is finite. Row per kernel.
+kernels_deterministic a repeat on identical inputs is bitwise equal (kernels declaring
+                      ``deterministic = False``: within tol). Row per kernel.
+kernels_jitter        ``rounds`` runs under ``fastpath.jitter.stress`` (side-stream work and
+                      random delays on GPU; random delays, delayed threads and GIL contention on
+                      CPU) equal the un-jittered output (bitwise, or within tol for
+                      non-deterministic kernels). Row per kernel.
+
+Inputs are rebuilt from the same seed for every call, so kernels that update state in place
+are compared on identical inputs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import pathlib
+import sys
+
+import pytest
+import torch
+
+from fastpath import jitter
+
+
+def _helpers():
+    name = "fastpath_suites_helpers"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, pathlib.Path(__file__).with_name("conftest.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+H = _helpers()
+SEED = 20261129
+
+
+def _tensors(out) -> list[torch.Tensor]:
+    return [t for t in H.as_list(out) if isinstance(t, torch.Tensor)]
+
+
+def max_error(got, ref) -> float:
+    """max |got - ref| over all outputs; shape mismatch or non-finite mismatch -> inf."""
+    a, b = _tensors(got), _tensors(ref)
+    if len(a) != len(b):
+        return math.inf
+    worst = 0.0
+    for x, y in zip(a, b):
+        if x.shape != y.shape:
+            return math.inf
+        x = x.detach().to("cpu", torch.float64)
+        y = y.detach().to("cpu", torch.float64)
+        fin = torch.isfinite(y)
+        if (~fin).any():
+            same = (x[~fin] == y[~fin]) | (torch.isnan(x[~fin]) & torch.isnan(y[~fin]))
+            if not bool(same.all()):
+                return math.inf
+        if fin.any():
+            d = (x[fin] - y[fin]).abs()
+            if torch.isnan(d).any():
+                return math.inf
+            worst = max(worst, float(d.max()))
+    return worst
+
+
+def nonfinite_where_oracle_finite(got, ref) -> int:
+    n = 0
+    for x, y in zip(_tensors(got), _tensors(ref)):
+        if x.shape != y.shape or not x.is_floating_point():
+            continue
+        n += int((~torch.isfinite(x.detach().cpu()) & torch.isfinite(y.detach().cpu())).sum())
+    return n
+
+
+def bitwise_diff(a, b) -> int:
+    """Number of elements that differ bit for bit (NaN == NaN); shape mismatch -> -1 marker."""
+    ta, tb = _tensors(a), _tensors(b)
+    if len(ta) != len(tb):
+        return 10**9
+    n = 0
+    for x, y in zip(ta, tb):
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return 10**9
+        x, y = x.detach().cpu(), y.detach().cpu()
+        if x.is_floating_point():
+            same = (x == y) | (torch.isnan(x) & torch.isnan(y))
+            # +0.0 vs -0.0 compare equal but are different bits
+            same &= torch.signbit(x) == torch.signbit(y)
+        else:
+            same = x == y
+        n += int((~same).sum())
+    return n
+
+
+def select_shapes(shapes: list[dict], tier: str) -> list[dict]:
+    """Full tier: every shape. Smoke: first, last, and the first shape with an odd dimension
+    (tails), without duplicates."""
+    if tier == "full" or len(shapes) <= 3:
+        return list(shapes)
+    pick = [shapes[0], shapes[-1]]
+    odd = [s for s in shapes[1:-1] if any(isinstance(v, int) and v % 2 for v in s.values())]
+    if odd:
+        pick.insert(1, odd[0])
+    else:
+        pick.insert(1, shapes[len(shapes) // 2])
+    return pick
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _label(shape: dict) -> str:
+    return "-".join(f"{k}{v}" for k, v in shape.items())
+
+
+@pytest.mark.fastpath(kind="kernel", gates=["kernels_noise_floor", "kernels_finite", "kernels_deterministic",
+                                             "kernels_jitter"])
+def test_kernel(case, fp_engine, fp_tier, fp_gate, record, waive):
+    cfg = H.case_config(case)
+    dtype = cfg.get("dtype") or fp_engine.info().get("dtype")
+    want = cfg.get("kernel")
+    entries = [e for e in fp_engine.kernels() if want in (None, e.name)]
+    if not entries:
+        record("kernels_noise_floor", "kernels_found", 0, threshold=1, comparator=">=", dtype=dtype,
+               message=f"no registered kernel named {want!r}" if want else "the engine registers no kernels")
+        return
+    device = H.device_kind(fp_engine)
+    dev = "cuda" if device == "cuda" else "cpu"
+    tier = H.tier_name(fp_tier)
+    nf = fp_gate("kernels_noise_floor")
+    gate_k = float(nf.get("k", 2.0))
+    gate_floor = dict(nf.get("atol_floor", {}))
+    rounds = int(fp_gate("kernels_jitter").get("rounds", 3))
+
+    for e in entries:
+        base = {"kernel": e.name, "component": e.component, "dtype": dtype}
+        if dtype not in list(e.dtypes):
+            for gate in ("kernels_noise_floor", "kernels_finite", "kernels_deterministic", "kernels_jitter"):
+                H.record_waived(record, gate, "dtype_supported", f"{e.name} does not declare dtype {dtype} "
+                                f"(declares {list(e.dtypes)})", **base)
+            continue
+        declared = float(getattr(e, "atol_floor", {}).get(dtype, 0.0) or 0.0)
+        floor = max(float(gate_floor.get(dtype, 0.0)), declared)
+        shapes = select_shapes(list(e.shapes), tier)
+        nonfinite: list[dict] = []
+        det_worst, jit_worst = 0.0, 0.0
+        det_cases: list[dict] = []
+        jit_cases: list[dict] = []
+        for si, shape in enumerate(shapes):
+            for vi, vc in enumerate(e.value_classes):
+                seed = SEED + 1000 * si + vi
+
+                def inputs():
+                    return e.make_inputs(dict(shape), vc, dtype, dev, seed)
+
+                oracle = e.oracle(**inputs())
+                standard = e.standard(**inputs())
+                fast = e.fast(**inputs())
+                _sync(dev)
+                err_f = max_error(fast, oracle)
+                err_s = max_error(standard, oracle)
+                tol = max(floor, gate_k * err_s) if math.isfinite(err_s) else floor
+                detail = {"shape": shape, "shape_label": _label(shape), "value_class": vc, "err_fast": err_f,
+                          "err_standard": err_s, "atol_floor": floor, "k": gate_k,
+                          "declared_atol_floor": declared}
+                msg = "" if err_f <= tol else (f"{e.name} {_label(shape)} {vc}: fast error {err_f:.3g} > "
+                                               f"tolerance {tol:.3g} (standard error {err_s:.3g})")
+                record("kernels_noise_floor", "max_abs_err", err_f if math.isfinite(err_f) else float("inf"),
+                       threshold=tol, comparator="<=", detail=H.jsonable(detail), message=msg, **base)
+                bad = nonfinite_where_oracle_finite(fast, oracle)
+                if bad:
+                    nonfinite.append({"shape": shape, "value_class": vc, "count": bad})
+                # determinism: repeat on identical inputs
+                again = e.fast(**inputs())
+                _sync(dev)
+                d = bitwise_diff(fast, again) if e.deterministic else max_error(again, fast)
+                if (e.deterministic and d) or (not e.deterministic and d > tol):
+                    det_cases.append({"shape": shape, "value_class": vc, "diff": d})
+                det_worst = max(det_worst, float(d))
+                # jitter: normal values only (timing, not numerics, is under test)
+                if vi == 0:
+                    for r in range(rounds):
+                        with jitter.stress(seed=seed + r, device=dev) as j:
+                            out = j.call(e.fast, **inputs())
+                        dj = bitwise_diff(fast, out) if e.deterministic else max_error(out, fast)
+                        if (e.deterministic and dj) or (not e.deterministic and dj > tol):
+                            jit_cases.append({"shape": shape, "round": r, "diff": dj})
+                        jit_worst = max(jit_worst, float(dj))
+        n_checked = len(shapes) * len(e.value_classes)
+        record("kernels_finite", "nonfinite_where_oracle_finite", sum(x["count"] for x in nonfinite), threshold=0,
+               comparator="<=", detail={"cases_checked": n_checked}, evidence=H.jsonable({"failures": nonfinite}),
+               message="" if not nonfinite else f"{e.name}: NaN/Inf where the oracle is finite in "
+               f"{len(nonfinite)} of {n_checked} cases", **base)
+        mode = "bitwise" if e.deterministic else "within tolerance"
+        record("kernels_deterministic", "repeat_diff", det_worst, passed=not det_cases,
+               detail={"mode": mode, "cases_checked": n_checked}, evidence=H.jsonable({"failures": det_cases}),
+               message="" if not det_cases else f"{e.name}: repeat differs ({mode}) in {len(det_cases)} cases",
+               **base)
+        record("kernels_jitter", "jitter_diff", jit_worst, passed=not jit_cases,
+               detail={"mode": mode, "rounds": rounds, "shapes": len(shapes)},
+               evidence=H.jsonable({"failures": jit_cases}),
+               message="" if not jit_cases else f"{e.name}: output changes under jitter stress in "
+               f"{len(jit_cases)} of {rounds * len(shapes)} runs (race?)", **base)

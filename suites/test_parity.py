@@ -1,0 +1,163 @@
+"""Parity suite: teacher-forced next-token agreement per context bucket (issue 5 item 3).
+
+Per bucket (the plan's ``parity`` case: ``context`` = one of the tier's context lengths):
+``n_seq`` deterministic prompts of ``context - g`` tokens are continued greedily by the
+STANDARD path for ``g`` tokens; every sequence is then scored (``model.score``, teacher
+forcing) on the standard, fast and oracle paths, and the predictions for the ``g`` continuation
+positions (those at ~``context`` tokens of context) are compared. ``n_seq * g`` >= the gate's
+``smoke_tokens`` / ``full_tokens`` (by tier).
+
+parity_top1_agreement  top-1(fast) == top-1(standard) rate >= threshold, where the noise floor is
+                       a_so = top-1 agreement of standard vs oracle in the same run, and
+                       threshold = min_agreement                 if a_so >= min_agreement
+                                 = a_so - margin                  otherwise,
+                       margin = 2 * sqrt(max(a_so (1 - a_so), 1/n) / n) (two binomial standard
+                       errors of the floor at n positions; at least 2/n): a fast path as close to
+                       the standard path as the standard path is to fp32 must pass.
+parity_kl              mean KL(standard || fast) <= factor * mean KL(oracle || standard) + slack.
+
+Both rows also require that the fast path actually ran during the fast scoring (trace): a
+parity that compared the standard path with itself would prove nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+from fastpath import stats, trace
+from fastpath.engine import GenerationRequest
+
+
+def _helpers():
+    name = "fastpath_suites_helpers"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, pathlib.Path(__file__).with_name("conftest.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+H = _helpers()
+
+
+def agreement_threshold(floor: float, n: int, min_agreement: float) -> tuple[float, float]:
+    """(threshold, margin) of the rule in the module docstring."""
+    if n <= 0 or math.isnan(floor):
+        return min_agreement, 0.0
+    margin = 2.0 * math.sqrt(max(floor * (1.0 - floor), 1.0 / n) / n)
+    if floor >= min_agreement:
+        return min_agreement, margin
+    return floor - margin, margin
+
+
+def plan_sequences(context: int, tokens: int) -> tuple[int, int]:
+    """(n_seq, g): generated tokens per sequence g <= context/2, n_seq * g >= tokens."""
+    g = max(1, min(context // 2, 256, tokens))
+    n_seq = max(1, -(-tokens // g))
+    return n_seq, g
+
+
+def score_positions(model, seqs: list[list[int]], starts: list[int]) -> np.ndarray:
+    """Logits rows predicting tokens seq[start:], stacked over sequences (float64)."""
+    out = model.score(seqs)
+    rows = []
+    for logits, seq, s in zip(out, seqs, starts):
+        t = logits.detach().float().cpu().numpy()
+        rows.append(t[s - 1:len(seq) - 1])
+    return np.concatenate(rows, axis=0).astype(np.float64)
+
+
+def bucket_compare(fp_models, context: int, tokens: int, seed: int = 0) -> dict:
+    """Generate on standard, score on the three paths; returns the metrics of one bucket."""
+    std, fast, orc = fp_models["standard"], fp_models["fast"], fp_models["oracle"]
+    tok = std.tokenizer
+    n_seq, g = plan_sequences(context, tokens)
+    seqs, starts = [], []
+    i = 0
+    # continuations may stop early (EOS): top up with more prompts, up to 4x the planned number
+    while sum(len(s) - st for s, st in zip(seqs, starts)) < tokens and i < 4 * n_seq:
+        k = n_seq if i == 0 else min(n_seq, 4 * n_seq - i)
+        prompts = [H.prompt_ids(tok, seed + 1000 * context + i + j, context - g) for j in range(k)]
+        i += k
+        gens = std.generate([GenerationRequest(prompt_ids=p, max_tokens=g, temperature=0.0) for p in prompts])
+        for p, r in zip(prompts, gens):
+            cont = list(r.token_ids)[:g]
+            if cont:
+                seqs.append(list(p) + cont)
+                starts.append(len(p))
+    ls = score_positions(std, seqs, starts)
+    lo = score_positions(orc, seqs, starts)
+    with trace.recording() as rec:
+        lf = score_positions(fast, seqs, starts)
+    n = ls.shape[0]
+    finite_fast = bool(np.isfinite(lf).any(axis=-1).all()) and not bool(np.isnan(lf).any())
+    return {
+        "n_positions": n,
+        "n_seq": len(seqs),
+        "generated_per_seq": g,
+        "top1_fast_standard": stats.top1_agreement(lf, ls),
+        "top1_standard_oracle": stats.top1_agreement(ls, lo),
+        "top1_fast_oracle": stats.top1_agreement(lf, lo),
+        "kl_standard_fast": float(np.mean(stats.kl_divergence(ls, lf))),
+        "kl_oracle_standard": float(np.mean(stats.kl_divergence(lo, ls))),
+        "kl_oracle_fast": float(np.mean(stats.kl_divergence(lo, lf))),
+        "fast_finite": finite_fast,
+        "fast_engaged_events": len(rec.engaged()),
+        "fast_components": sorted({e.component for e in rec.engaged()}),
+        "fast_refusals": sorted({f"{e.component}:{e.detail}" for e in rec.refused()}),
+    }
+
+
+def tokens_for_tier(fp_gate, fp_tier) -> int:
+    g = fp_gate("parity_top1_agreement")
+    return int(g.get("full_tokens" if H.tier_name(fp_tier) == "full" else "smoke_tokens", 64))
+
+
+@pytest.mark.fastpath(kind="parity", gates=["parity_top1_agreement", "parity_kl"])
+def test_parity(case, fp_models, fp_gate, fp_tier, record):
+    cfg = H.case_config(case)
+    context = int(cfg["context"])
+    tokens = tokens_for_tier(fp_gate, fp_tier)
+    m = bucket_compare(fp_models, context, tokens)
+    g1 = fp_gate("parity_top1_agreement")
+    gk = fp_gate("parity_kl")
+    min_agree = float(g1.get("min_agreement", 0.99))
+    thr, margin = agreement_threshold(m["top1_standard_oracle"], m["n_positions"], min_agree)
+    fired = m["fast_engaged_events"] > 0
+    base = {"context": context, "draft": int(cfg.get("draft", 0)), "dtype": cfg.get("dtype"), "path": "fast"}
+    ev = H.jsonable(m)
+    value = m["top1_fast_standard"]
+    ok = fired and m["n_positions"] >= tokens and value >= thr
+    msg = ""
+    if not fired:
+        msg = "the fast path never engaged while scoring on the fast model: parity would compare standard with itself"
+    elif m["n_positions"] < tokens:
+        msg = f"only {m['n_positions']} positions scored (< {tokens}): generation stopped early"
+    elif not ok:
+        msg = (f"top-1 agreement fast vs standard {value:.4f} < {thr:.4f} (floor standard vs oracle "
+               f"{m['top1_standard_oracle']:.4f}, min_agreement {min_agree})")
+    record("parity_top1_agreement", "top1_agreement", value, threshold=thr, comparator=">=", passed=ok,
+           detail={"floor": m["top1_standard_oracle"], "margin": margin, "min_agreement": min_agree,
+                   "rule": "min_agreement if floor >= min_agreement else floor - margin",
+                   "n_positions": m["n_positions"]},
+           evidence=ev, message=msg, **base)
+    factor, slack = float(gk.get("factor", 4.0)), float(gk.get("slack", 1e-4))
+    kthr = factor * m["kl_oracle_standard"] + slack
+    kl = m["kl_standard_fast"]
+    kok = fired and m["fast_finite"] and math.isfinite(kl) and kl <= kthr
+    kmsg = ""
+    if not kok:
+        kmsg = ("fast path did not engage" if not fired else
+                "non-finite fast logits" if not m["fast_finite"] else
+                f"KL(standard||fast) {kl:.3g} > {factor} x KL(oracle||standard) {m['kl_oracle_standard']:.3g} + {slack}")
+    record("parity_kl", "kl_standard_fast", kl if math.isfinite(kl) else float("inf"), threshold=kthr,
+           comparator="<=", passed=kok,
+           detail={"kl_floor": m["kl_oracle_standard"], "factor": factor, "slack": slack,
+                   "n_positions": m["n_positions"]}, evidence=ev, message=kmsg, **base)

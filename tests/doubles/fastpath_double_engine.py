@@ -1,0 +1,88 @@
+"""A test-double engine: just enough of the Engine protocol for the double suites.
+
+``mode`` (an engine option, set in the tier) plants behaviours the harness must handle:
+  "good"             the fast path fires for in-scope decode and falls back elsewhere;
+  "broken_fast"      the fast path silently does not fire at batch 4 (the PR #53396 trap);
+  "kernel_raises"    the kernel's fast call raises (an error row, not a crash);
+Set FASTPATH_DOUBLE_INTERRUPT=1 to make the kernel's fast call raise KeyboardInterrupt (Ctrl-C
+mid-run); an environment variable, not a mode, so the same spec can be resumed afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from fastpath import trace
+
+IN_SCOPE_BATCHES = (1, 2, 4)
+
+
+@dataclass
+class DoubleKernel:
+    name: str
+    component: str
+    mode: str
+
+    def fast(self, x: list[float]) -> list[float]:
+        if self.mode == "kernel_raises":
+            raise RuntimeError("planted: fast kernel crashed")
+        if os.environ.get("FASTPATH_DOUBLE_INTERRUPT") == "1":
+            raise KeyboardInterrupt
+        return [2.0 * v for v in x]
+
+    def oracle(self, x: list[float]) -> list[float]:
+        return [v + v for v in x]
+
+
+class DoubleModel:
+    def __init__(self, path: str, mode: str) -> None:
+        self.path, self.mode, self.device = path, mode, "cpu"
+
+    def decode_step(self, batch: int, context: int, draft: int = 0) -> Callable[[], None]:
+        def step() -> None:
+            if self.path != "fast":
+                return
+            if batch not in IN_SCOPE_BATCHES:
+                trace.refused("double_gemv", "batch_out_of_scope", batch=batch)
+            elif self.mode == "broken_fast" and batch == 4:
+                return  # silently ran the standard path
+            else:
+                trace.engaged("double_gemv", "small_m", batch=batch, context=context)
+
+        return step
+
+    def prefill_step(self, batch: int, context: int) -> Callable[[], None]:
+        return lambda: trace.refused("double_gemv", "prefill") if self.path == "fast" else None
+
+    def mixed_step(self, batch: int, context: int) -> Callable[[], None]:
+        return lambda: trace.refused("double_gemv", "mixed_batch") if self.path == "fast" else None
+
+    def close(self) -> None:
+        pass
+
+
+class DoubleEngine:
+    name = "double"
+
+    def __init__(self, mode: str = "good", **options: Any) -> None:
+        self.mode, self.options = mode, options
+        self.loads: list[str] = []
+
+    def info(self) -> dict[str, Any]:
+        return {"device": "cpu", "arch": "cpu", "device_name": "double", "model_config": "none",
+                "dtype": self.options.get("dtype", "float32"), "triton_interpreter": False}
+
+    def load(self, path: str) -> DoubleModel:
+        self.loads.append(path)
+        return DoubleModel(path, self.mode)
+
+    def kernels(self) -> list[DoubleKernel]:
+        return [DoubleKernel("double_scale", "double_gemv", self.mode)]
+
+    def components(self) -> list[Any]:
+        return []
+
+    def fast_path_available(self) -> tuple[bool, str]:
+        return True, ""

@@ -1,0 +1,176 @@
+"""Dispatch decisions of the K3-mini fast path: the switch, the one decision point
+(hooks.select_decode), refusal reasons, tuning-table variants per batch, the registry."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any fast kernel module is imported
+
+import json
+
+import pytest
+import torch
+
+from fastpath import trace
+from fastpath.engine import Component, KernelEntry
+from optimized_model.k3.fast import hooks, registry, tuning
+from optimized_model.k3.fast.kernels import gemv as G
+from optimized_model.k3.fast.kernels import moe as MOE
+
+
+def test_switch():
+    assert hooks.switch_on({"decode_backend": "latency_specialized"})
+    assert not hooks.switch_on({"decode_backend": "default"})
+    assert not hooks.switch_on({})
+    assert not hooks.switch_on(None)
+    assert hooks.switch_on("latency_specialized")
+
+    class Cfg:
+        decode_backend = "latency_specialized"
+
+    assert hooks.switch_on(Cfg())
+
+
+def test_scope_comes_from_the_spec():
+    sc = hooks.scope()
+    assert sc["batch_sizes"] == [1, 2, 4, 8, 16, 32, 64]
+    assert sc["max_context"] == 32768
+    assert hooks.graph_batch(3) == 4 and hooks.graph_batch(64) == 64 and hooks.graph_batch(1) == 1
+    with pytest.raises(ValueError):
+        hooks.graph_batch(65)
+
+
+@pytest.mark.parametrize(
+    "batch,context,kind,reason",
+    [
+        (1, 16, "decode", None),
+        (3, 100, "decode", None),
+        (64, 32768, "decode", None),
+        (4, 16, "prefill", "prefill"),
+        (4, 16, "mixed", "mixed_batch"),
+        (65, 16, "decode", "batch_out_of_scope"),
+        (0, 16, "decode", "batch_out_of_scope"),
+        (2, 32769, "decode", "context_out_of_scope"),
+    ],
+)
+def test_decide(batch, context, kind, reason):
+    assert hooks.decide(batch, context, kind) == reason
+
+
+def test_select_decode_in_scope_returns_the_decoder_and_reports_no_refusal():
+    decoder = object()
+    with trace.recording() as rec:
+        assert hooks.select_decode(2, 64, "decode", decoder=decoder) is decoder
+    assert rec.refused() == []
+
+
+@pytest.mark.parametrize("kind,batch,reason", [("prefill", 2, "prefill"), ("mixed", 3, "mixed_batch"),
+                                               ("decode", 128, "batch_out_of_scope")])
+def test_select_decode_refuses_every_component(kind, batch, reason):
+    with trace.recording() as rec:
+        assert hooks.select_decode(batch, 64, kind, decoder=object()) is None
+    refused = rec.refused()
+    assert {e.component for e in refused} == set(registry.COMPONENT_NAMES)
+    assert {e.detail for e in refused} == {reason}
+    assert rec.engaged() == []
+
+
+def test_select_decode_without_decoder_is_unavailable():
+    with trace.recording() as rec:
+        assert hooks.select_decode(1, 16, "decode", decoder=None) is None
+    assert {e.detail for e in rec.refused()} == {"fast_path_unavailable"}
+
+
+def test_unavailable_without_cuda_and_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    ok, why = hooks.fast_path_available()
+    assert not ok and "interpreter" in why
+    assert hooks.decide(1, 16) == "fast_path_unavailable"
+    with trace.recording() as rec:
+        assert hooks.build_fast_decoder(object(), None) is None
+    assert {e.component for e in rec.refused()} == set(registry.COMPONENT_NAMES)
+    assert {e.detail for e in rec.refused()} == {"fast_path_unavailable"}
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert hooks.fast_path_available() == (True, "")
+
+
+# -- tuning tables --------------------------------------------------------------------------------
+def test_tuning_tables_are_well_formed():
+    tabs = tuning.tables()
+    assert {"NVIDIA H200", "cpu-interpreter", "default"} <= set(tabs)
+    for name, tab in tabs.items():
+        for kernel, spec in tab["kernels"].items():
+            mb = [b["max_batch"] for b in spec["buckets"]]
+            assert mb == sorted(mb) and len(set(mb)) == len(mb), (name, kernel)
+            assert mb[-1] >= 64, (name, kernel)
+            for b in spec["buckets"]:
+                assert b.get("variant", "triton") in ("triton", "cute"), (name, kernel)
+    # data files round-trip as JSON (no code in them)
+    for p in tuning.TABLE_DIR.glob("*.json"):
+        json.loads(p.read_text())
+
+
+def test_cpu_uses_the_interpreter_table():
+    assert tuning.device_name("cpu") == "cpu-interpreter"
+    assert tuning.table_for("cpu")["device"] == "cpu-interpreter"
+
+
+@pytest.mark.parametrize("batch,variant", [(1, "triton_small_m"), (2, "triton_small_m"), (4, "triton_small_m"),
+                                           (8, "triton_tiled"), (16, "triton_tiled"), (64, "triton_tiled")])
+def test_h200_gemv_variant_by_batch(monkeypatch, batch, variant):
+    monkeypatch.setattr(tuning, "device_name", lambda device=None: "NVIDIA H200")
+    cfg = tuning.lookup("gemv", batch, device="cuda", N=4096, K=4096)
+    assert isinstance(cfg["SPLIT_K"], int) and cfg["SPLIT_K"] >= 1
+    assert G.variant_name(batch, cfg).startswith(variant)
+
+
+def test_h200_split_k_when_n_is_small(monkeypatch):
+    monkeypatch.setattr(tuning, "device_name", lambda device=None: "NVIDIA H200")
+    narrow = tuning.lookup("gemv", 1, device="cuda", N=512, K=4096)
+    wide = tuning.lookup("gemv", 1, device="cuda", N=32768, K=4096)
+    assert narrow["SPLIT_K"] > 1 and "splitk" in G.variant_name(1, narrow)
+    assert wide["SPLIT_K"] == 1
+    # split-K is bounded by the K steps available
+    short = tuning.lookup("gemv", 1, device="cuda", N=64, K=512)
+    assert short["SPLIT_K"] * short["BLOCK_K"] <= 512 or short["SPLIT_K"] == 1
+
+
+def test_unknown_gpu_uses_default_table(monkeypatch):
+    monkeypatch.setattr(tuning, "device_name", lambda device=None: "Some Future GPU")
+    assert tuning.table_for("cuda")["device"] == "default"
+
+
+def test_moe_variant_by_batch(monkeypatch):
+    monkeypatch.setattr(tuning, "device_name", lambda device=None: "NVIDIA H200")
+    assert MOE.variant_name(1, tuning.lookup("moe_experts", 1, device="cuda")).endswith("small_m")
+    assert MOE.variant_name(32, tuning.lookup("moe_experts", 32, device="cuda")).endswith("dot")
+
+
+# -- registry --------------------------------------------------------------------------------------
+def test_components_table():
+    comps = registry.components()
+    assert [c.name for c in comps] == list(registry.COMPONENT_NAMES)
+    for c in comps:
+        assert isinstance(c, Component)
+    by = {c.name: c for c in comps}
+    for name in ("dense_gemv", "moe_router", "moe_experts", "norm_residual", "lm_head", "kda_decode", "mla_decode"):
+        assert by[name].fast_kernel_patterns, name
+        assert by[name].fallback_kernel_patterns, name
+    import re
+
+    assert any(re.search(p, "fp_gemv_kernel") for p in by["dense_gemv"].fast_kernel_patterns)
+    assert not any(re.search(p, "fp_gemv_kernel") for p in by["dense_gemv"].fallback_kernel_patterns)
+    assert any(re.search(p, "nvjet_tst_64x8_64x16_4x1_v_bz_TNT") for p in by["dense_gemv"].fallback_kernel_patterns)
+
+
+def test_kernel_registry_entries():
+    entries = registry.kernels()
+    names = [e.name for e in entries]
+    assert len(names) == len(set(names))
+    for must in ("gemv", "gemv_residual", "gemv_norm_swiglu", "moe_router", "moe_experts", "add_rmsnorm"):
+        assert must in names
+    for e in entries:
+        assert isinstance(e, KernelEntry), e.name
+        assert e.component in registry.COMPONENT_NAMES, (e.name, e.component)
+        assert e.shapes and e.kernel_patterns, e.name  # dtypes may be empty: CUDA-only kernel on CPU
+        assert "bfloat16" not in e.dtypes, "bf16 must not run in the CPU interpreter"

@@ -1,0 +1,157 @@
+"""Interpreter runs (TRITON_INTERPRET=1) of the fast path's dense, MoE and norm kernels on small
+shapes vs their fp32 oracles, with the noise-floor rule: err(fast) <= max(atol_floor, k * err(standard))."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # read when @triton.jit decorates: set before imports
+
+import pytest
+import torch
+
+from optimized_model.k3.fast.kernels import gemv as G
+from optimized_model.k3.fast.kernels import moe as MOE
+from optimized_model.k3.fast.kernels import norm as NORM
+
+DTYPES = [torch.float32, torch.float16]
+
+
+def _err(a, b):
+    if isinstance(a, tuple):
+        return max(_err(x, y) for x, y in zip(a, b))
+    return (a.float() - b.float()).abs().max().item()
+
+
+def _check(entry, shape, dtype, value_class="normal", seed=0, **fast_kw):
+    inp = entry.make_inputs(shape, value_class, dtype, "cpu", seed)
+    fast = entry.fast(**inp, **fast_kw) if fast_kw else entry.fast(**inp)
+    oracle = entry.oracle(**inp)
+    std = entry.standard(**inp)
+    floor = entry.atol_floor[str(dtype).replace("torch.", "")]
+    tol = max(floor, entry.k * _err(std, oracle))
+    err = _err(fast, oracle)
+    assert torch.isfinite(torch.as_tensor(err)), (entry.name, shape)
+    assert err <= tol, f"{entry.name} {shape} {dtype} {value_class}: err {err:.3g} > tol {tol:.3g}"
+    return inp, fast
+
+
+ENTRIES = {e.name: e for e in G.kernel_entry("cpu")}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", sorted(ENTRIES))
+def test_gemv_variants_default_tuning(name, dtype):
+    e = ENTRIES[name]
+    for shape in e.shapes[:2]:
+        _check(e, shape, dtype)
+
+
+# explicit configurations: small-M broadcast (BLOCK_M < 16), tiled tl.dot, split-K (deterministic)
+CONFIGS = {
+    "small_m": {"BLOCK_M": 2, "BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": 1},
+    "small_m_splitk3": {"BLOCK_M": 2, "BLOCK_N": 16, "BLOCK_K": 16, "SPLIT_K": 3},
+    "tiled_splitk2": {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "SPLIT_K": 2},
+}
+
+
+@pytest.mark.parametrize("cfg", sorted(CONFIGS))
+@pytest.mark.parametrize("name", ["gemv_residual", "gemv_norm_swiglu", "gemv_slots_residual"])
+def test_gemv_configs_and_epilogues(name, cfg):
+    e = ENTRIES[name]
+    shape = {"M": 3, "N": 21, "K": 40}  # odd M, N not a multiple of the tile, K with a tail
+    for dtype in DTYPES:
+        _check(e, shape, dtype, config=CONFIGS[cfg])
+
+
+def test_split_k_is_deterministic_and_rearms_its_tickets():
+    e = ENTRIES["gemv_norm_swiglu"]
+    inp = e.make_inputs({"M": 2, "N": 24, "K": 96}, "normal", torch.float32, "cpu", 3)
+    cfg = CONFIGS["small_m_splitk3"]
+    scratch = G.GemvScratch(2, 24, 3, True, "cpu")
+    a = G.gemv(epilogue="swiglu", config=cfg, scratch=scratch, **inp)
+    assert int(scratch.cnt.abs().sum()) == 0  # the last program of each tile re-armed its ticket
+    b = G.gemv(epilogue="swiglu", config=cfg, scratch=scratch, **inp)
+    assert torch.equal(a, b)
+    c = G.gemv(epilogue="swiglu", config=CONFIGS["small_m"], **inp)
+    assert (a - c).abs().max().item() < 1e-5  # same math without split
+
+
+def test_gemv_large_values_fp16():
+    _check(ENTRIES["gemv"], {"M": 2, "N": 40, "K": 96}, torch.float16, "large")
+    _check(ENTRIES["gemv_residual"], {"M": 2, "N": 40, "K": 96}, torch.float16, "near_zero")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_grouped_gemv_per_head_weights(dtype):
+    """MLA absorbed projections: group h uses its own weight slab (W_uv rows inside kv_b)."""
+    g = torch.Generator().manual_seed(0)
+    B, H, C, nope, v = 3, 2, 24, 8, 8
+    kv_b = (torch.randn(H * (nope + v), C, generator=g) / C ** 0.5).to(dtype)
+    o_lat = torch.randn(B, H, C, generator=g).to(dtype)
+    gate = torch.randn(B, H * v + 5, generator=g).to(dtype)  # wider row: the gate is a column slice
+    out = torch.empty(B, H * v, dtype=dtype)
+    G.gemv(o_lat[:, 0], kv_b[nope: nope + v], out=out[:, :v], epilogue="sigmoid_gate", gate=gate[:, :v],
+           config={"BLOCK_M": 4, "BLOCK_N": 16, "BLOCK_K": 16, "SPLIT_K": 1}, groups=(H, C, (nope + v) * C, v, v))
+    w_uv = kv_b.float().view(H, nope + v, C)[:, nope:]
+    ref = torch.einsum("bhc,hvc->bhv", o_lat.float(), w_uv).flatten(1) * torch.sigmoid(gate[:, : H * v].float())
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert (out.float() - ref).abs().max().item() < tol
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_router(dtype):
+    e = MOE.kernel_entry("cpu")[0]
+    for shape in e.shapes:
+        for vc in e.value_classes:
+            _check(e, shape, dtype, vc)
+
+
+def test_router_selects_the_same_experts_as_torch_topk():
+    e = MOE.kernel_entry("cpu")[0]
+    inp = e.make_inputs({"M": 6, "D": 64, "E": 16, "k": 4}, "normal", torch.float32, "cpu", 7)
+    ids, w = MOE.moe_router(**inp)
+    rid, rw = MOE.router_reference(**inp)
+    assert torch.equal(ids.sort(-1).values, rid.sort(-1).values)
+    assert torch.allclose(w.sum(-1), torch.full((6,), 2.5), atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_grouped_experts(dtype):
+    e = MOE.kernel_entry("cpu")[1]
+    _check(e, e.shapes[0], dtype, "normal")
+    _check(e, e.shapes[1], dtype, "near_zero" if dtype == torch.float16 else "normal")
+
+
+def test_grouped_experts_tiled_path_and_skewed_routing():
+    """Many tokens on one expert (more than one BLOCK_T tile) and tl.dot tiles."""
+    e = MOE.kernel_entry("cpu")[1]
+    inp = e.make_inputs({"M": 20, "L": 32, "I": 16, "E": 4, "k": 2}, "normal", torch.float32, "cpu", 1)
+    inp["ids"][:, 0] = 2  # every token picks expert 2 first (20 tokens > one 16-row tile)
+    inp["ids"][:, 1] = torch.where(inp["ids"][:, 1] == 2, torch.tensor(3, dtype=torch.int32), inp["ids"][:, 1])
+    out = MOE.moe_experts(**inp, config={"BLOCK_T": 16, "BLOCK_N": 16, "BLOCK_K": 16})
+    ref = MOE.experts_reference(**inp)
+    assert (out - ref).abs().max().item() < 1e-4
+    out2 = MOE.moe_experts(**inp, config={"BLOCK_T": 4, "BLOCK_N": 16, "BLOCK_K": 32})
+    assert (out2 - ref).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rmsnorm(dtype):
+    e = NORM.kernel_entry("cpu")
+    for shape in e.shapes:
+        for vc in e.value_classes:
+            _check(e, shape, dtype, vc)
+
+
+def test_rmsnorm_writes_into_cache_positions():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 16, generator=g)
+    w = torch.rand(16, generator=g) + 0.5
+    cache = torch.zeros(3, 8, 16)
+    pos = torch.tensor([0, 5, 7])
+    NORM.add_rmsnorm(x, w, out=cache, positions=pos)
+    ref = NORM.add_rmsnorm_reference(x, w)
+    for b in range(3):
+        assert torch.allclose(cache[b, pos[b]], ref[b], atol=1e-6)
+    mask = torch.ones(3, 8, dtype=torch.bool)
+    mask[torch.arange(3), pos] = False
+    assert cache[mask].abs().max() == 0  # nothing else written

@@ -1,0 +1,85 @@
+"""The fast decoder on the tiny K3-mini model under Triton's interpreter: logits and state
+updates match the standard path, and the trace shows every component engaged (decode_graph
+refused with "no_cuda" on CPU)."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any fast kernel module is imported
+
+import pytest
+import torch
+
+from fastpath import trace
+from optimized_model.k3.fast import hooks, registry
+from optimized_model.k3.model import K3Model
+from optimized_model.k3.state import DecodeState
+
+
+@pytest.fixture(scope="module")
+def fp32_model():
+    return K3Model.build("tiny", device="cpu", dtype=torch.float32, seed=0)
+
+
+def _decoder(m):
+    fd = hooks.build_fast_decoder(m, lambda b, cap: m.new_state(b, cap))
+    assert fd is not None
+    return fd
+
+
+def test_fast_decode_matches_standard_fp32_over_two_steps(fp32_model):
+    m = fp32_model
+    fd = _decoder(m)
+    st_std = m.random_state(2, 9, 64, seed=1)
+    st_fast = st_std.clone()
+    st_fast.max_len = 9
+    n = m.cfg.n_real_tokens
+    with trace.recording() as rec:
+        for tok in (torch.tensor([5, 200]), torch.tensor([17, 3])):
+            ref = m.decode(tok, st_std)
+            out = fd.decode(tok, st_fast)
+            assert out.shape == ref.shape and out.dtype == torch.float32
+            assert torch.isinf(out[:, n:]).all()  # padding ids stay masked
+            assert (out[:, :n] - ref[:, :n]).abs().max().item() < 1e-4
+    for a, b in zip(st_std.tensors(), st_fast.tensors()):
+        assert (a.float() - b.float()).abs().max().item() < 1e-4
+    assert st_fast.lengths.tolist() == [11, 11] and st_fast.max_len == 11
+    comps = rec.components()
+    for name in registry.COMPONENT_NAMES:
+        if name in ("sampler", "decode_graph"):
+            continue
+        assert name in comps and not any(v.startswith("refused") for v in comps[name]), (name, comps)
+    assert comps["decode_graph"] == {"refused:no_cuda"}
+    assert "sequential" in next(iter(comps["shared_expert"]))  # no second stream on CPU
+    # per step: each KDA layer fires kda_decode, each MLA layer mla_decode
+    kinds = m.cfg.layer_kinds
+    assert len(rec.engaged("kda_decode")) == 2 * kinds.count("kda")
+    assert len(rec.engaged("mla_decode")) == 2 * kinds.count("mla")
+    assert len(rec.engaged("moe_experts")) == 2 * sum(m.cfg.ffn_kind(i) == "moe" for i in range(m.cfg.n_layers))
+
+
+def test_fast_decode_fp16_within_noise_floor():
+    m16 = K3Model.build("tiny", device="cpu", dtype=torch.float16, seed=0)
+    orc = K3Model.build("tiny", device="cpu", dtype=torch.float32, seed=0, oracle=True, round_dtype=torch.float16)
+    fd = _decoder(m16)
+    st = m16.random_state(3, 12, 64, seed=2)
+    st_o = DecodeState(st.conv.float(), st.kda.clone(), st.latent.float(), st.lengths.clone())
+    tok = torch.tensor([1, 77, 250])
+    n = m16.cfg.n_real_tokens
+    ref_o = orc.decode(tok, st_o)[:, :n]
+    ref_s = m16.decode(tok, st.clone())[:, :n]
+    out = fd.decode(tok, st)[:, :n]
+    noise = (ref_s - ref_o).abs().max().item()
+    err = (out - ref_o).abs().max().item()
+    assert err <= max(2 * noise, 1e-2), (err, noise)
+    assert (out.argmax(-1) == ref_s.argmax(-1)).all()
+
+
+def test_decode_step_covers_the_sampler_and_refuses_graphs_on_cpu(fp32_model):
+    fd = _decoder(fp32_model)
+    step = fd.decode_step(2, 8)
+    with trace.recording() as rec:
+        step()
+    comps = rec.components()
+    assert set(comps) == set(registry.COMPONENT_NAMES)
+    assert comps["decode_graph"] == {"refused:no_cuda"}
+    assert comps["sampler"] and not any(v.startswith("refused") for v in comps["sampler"])

@@ -1,0 +1,148 @@
+"""The embedded engine (K3-mini tiny on CPU) against fastpath.engine's protocols."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fastpath import trace
+from fastpath.engine import (Component, Engine, GenerationRequest, GenerationResult, KernelEntry, Model,
+                             Tokenizer, create_engine)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return create_engine("embedded", config="tiny", device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def std(engine):
+    return engine.load("standard")
+
+
+def test_protocol_conformance(engine, std):
+    assert isinstance(engine, Engine)
+    assert isinstance(std, Model) and std.path == "standard" and std.device == "cpu"
+    assert isinstance(std.tokenizer, Tokenizer)
+    info = engine.info()
+    for key in ("device", "arch", "device_name", "model_config", "dtype", "triton_interpreter"):
+        assert key in info
+    assert info["device"] == "cpu" and info["arch"] == "cpu" and info["model_config"] == "tiny"
+    assert info["dtype"] == "float32" and info["triton_interpreter"] is True
+    assert info["params_total"] > info["params_active_per_token"] > 0
+    for c in engine.components():
+        assert isinstance(c, Component)
+    for k in engine.kernels():
+        assert isinstance(k, KernelEntry)
+    ok, why = engine.fast_path_available()
+    assert isinstance(ok, bool) and (ok or why)
+
+
+def test_bad_options_are_clear():
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="no CUDA GPU.*Fix"):
+            create_engine("embedded", config="tiny", device="cuda")
+    with pytest.raises(ValueError, match="unknown K3 config"):
+        create_engine("embedded", config="huge")
+    with pytest.raises(ValueError, match="dtype"):
+        create_engine("embedded", dtype="int8")
+    with pytest.raises(ValueError, match="path"):
+        create_engine("embedded").load("turbo")
+
+
+def test_fast_path_never_silently_standard(engine):
+    ok, why = engine.fast_path_available()
+    if not ok:
+        from optimized_model.k3.engine import FastPathUnavailable
+
+        with pytest.raises(FastPathUnavailable, match="fast path"):
+            engine.load("fast")
+    else:
+        fast = engine.load("fast")
+        assert fast.path == "fast" and fast.runner.fast is not None
+
+
+def test_greedy_generate_agrees_with_score(std):
+    tok = std.tokenizer
+    prompts = [tok.encode("Hello, K3"), tok.encode("a")]
+    res = std.generate([GenerationRequest(prompt_ids=p, max_tokens=6) for p in prompts])
+    for p, r in zip(prompts, res):
+        assert isinstance(r, GenerationResult)
+        assert 1 <= len(r.token_ids) <= 6
+        full = p + r.token_ids
+        logits = std.score([full])[0]
+        assert logits.shape == (len(full), tok.vocab_size) and logits.dtype == torch.float32
+        want = logits[len(p) - 1: len(full) - 1].argmax(-1).tolist()
+        assert r.token_ids == want
+        assert all(t < tok.n_real_tokens for t in r.token_ids)
+
+
+def test_seeded_sampling_reproducible(std):
+    tok = std.tokenizer
+    req = lambda seed: GenerationRequest(prompt_ids=tok.encode("xyz"), max_tokens=12, temperature=1.0, seed=seed)
+    a = std.generate([req(7), req(8)])
+    b = std.generate([req(7)])
+    assert a[0].token_ids == b[0].token_ids
+    assert a[0].token_ids != a[1].token_ids
+
+
+def test_score_ragged_equals_alone(std):
+    seqs = [[256, 1, 2, 3, 4, 5, 6], [256, 9], [256, 40, 41, 42]]
+    together = std.score(seqs)
+    for s, t in zip(seqs, together):
+        torch.testing.assert_close(t, std.score([s])[0], rtol=1e-4, atol=1e-4)
+
+
+def test_runner_grows_state_past_capacity(std):
+    """A decode beyond the pooled capacity grows the latent cache in place, same results."""
+    runner, m = std.runner, std.model
+    old = runner.reserve
+    try:
+        runner.reserve = 1
+        logits, st = runner.prefill([[256, 3, 4]])
+        cap = st.capacity
+        ids = []
+        for _ in range(cap - 2):
+            nxt = logits.argmax(-1)
+            ids.append(int(nxt))
+            logits = runner.decode(nxt, st)
+        assert st.capacity > cap and st.max_len == cap + 1
+    finally:
+        runner.reserve = old
+    # same tokens, teacher-forced in one prefill
+    full = std.score([[256, 3, 4] + ids])[0]
+    n = m.cfg.n_real_tokens
+    torch.testing.assert_close(logits[0, :n], full[-1, :n], rtol=1e-3, atol=1e-3)
+
+
+def test_decode_step_hooks_run_and_stay_at_context(std):
+    step = std.decode_step(4, 40)
+    for _ in range(3):
+        step()  # lengths are reset each call, so repeated calls never overflow
+    std.prefill_step(2, 16)()
+    std.mixed_step(3, 16)()
+    std.mixed_step(1, 8)()
+    with pytest.raises(NotImplementedError):
+        std.decode_step(1, 8, draft=2)
+
+
+def test_standard_path_reports_nothing(std):
+    with trace.recording() as rec:
+        std.decode_step(2, 16)()
+        std.generate([GenerationRequest(prompt_ids=[256, 65], max_tokens=2)])
+    assert rec.events == []
+
+
+def test_oracle_path_is_fp32_and_close(engine, std):
+    orc = engine.load("oracle")
+    assert orc.path == "oracle" and orc.model.dtype == torch.float32 and orc.model.kda_backend == "torch"
+    seq = [[256] + list(b"oracle parity check")]
+    torch.testing.assert_close(orc.score(seq)[0], std.score(seq)[0], rtol=1e-4, atol=1e-4)

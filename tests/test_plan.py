@@ -1,0 +1,111 @@
+"""Plan expansion: Cartesian product of the tier's scope, waivers with reasons, JSON round trip."""
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from fastpath.cli import app
+from fastpath.plan import Plan, build_plan
+from fastpath.spec import load_spec
+
+DOUBLE_SPEC = Path(__file__).parent / "doubles" / "spec.toml"
+REAL_SPEC = Path(__file__).resolve().parents[1] / "optimized_model" / "k3" / "fastpath.toml"
+
+
+def spec_with(tmp_path, *edits):
+    text = DOUBLE_SPEC.read_text()
+    for old, new in edits:
+        assert old in text, old
+        text = text.replace(old, new, 1)
+    path = tmp_path / "fastpath.toml"
+    path.write_text(text)
+    return load_spec(path)
+
+
+def ids(cases):
+    return [c.case_id for c in cases]
+
+
+def test_smoke_plan_of_double_spec():
+    plan = build_plan(load_spec(DOUBLE_SPEC), "smoke")
+    assert plan.suites == ["coverage", "kernels"]
+    cases, waivers = plan.for_suite("coverage")
+    assert ids(cases) == ["coverage/decode/b1-c16-d0", "coverage/decode/b4-c16-d0",
+                          "coverage/fallback/prefill", "coverage/fallback/mixed"]
+    assert ids(w.case for w in waivers) == ["coverage/profiler/b1-c16-d0", "coverage/profiler/b4-c16-d0"]
+    assert all("CUDA GPU" in w.reason for w in waivers)
+    assert ids(plan.for_suite("kernels")[0]) == ["kernels/kernel/registry-float32"]
+    assert plan.for_suite("kernels")[0][0].config == {"kernel": None, "dtype": "float32"}
+
+
+def test_full_plan_uses_whole_scope_and_runs_profiler():
+    plan = build_plan(load_spec(DOUBLE_SPEC), "full")
+    decode = [c for c in plan.cases if c.kind == "decode"]
+    assert len(decode) == 3 * 2  # scope batch_sizes x context_lengths
+    assert {(c.config["batch"], c.config["context"]) for c in decode} == {(b, c) for b in (1, 2, 4) for c in (16, 32)}
+    assert len([c for c in plan.cases if c.kind == "profiler"]) == 6
+    assert plan.waivers == []
+    assert ids(plan.for_suite("kernels")[0]) == ["kernels/kernel/registry-bfloat16"]
+
+
+def test_explicit_kernel_names_times_dtypes(tmp_path):
+    spec = spec_with(tmp_path, ("[tiers.smoke]", "[kernels]\nnames = [\"gemv\", \"kda\"]\n\n[tiers.smoke]"),
+                     ("dtype = \"float32\" }", "dtype = \"float32\" }\ndtypes = [\"float32\", \"float16\"]"))
+    cases = build_plan(spec, "smoke").for_suite("kernels")[0]
+    assert ids(cases) == ["kernels/kernel/gemv-float32", "kernels/kernel/gemv-float16",
+                          "kernels/kernel/kda-float32", "kernels/kernel/kda-float16"]
+    assert cases[3].config == {"kernel": "kda", "dtype": "float16"}
+
+
+def test_pruning_rules_become_waivers_not_drops(tmp_path):
+    spec = spec_with(tmp_path, ("context_lengths = [16]", "context_lengths = [16]\ndraft_lengths = [0, 2]\nmax_context = 17"))
+    plan = build_plan(spec, "smoke")
+    waived = {w.case.case_id: w.reason for w in plan.waivers}
+    assert "speculative_decoding is false" in waived["coverage/decode/b1-c16-d2"]
+    assert "coverage/decode/b1-c16-d0" in ids(plan.cases)
+    # every combination is accounted for: 2 batches x 1 context x 2 drafts, decode + profiler
+    decode_like = [i for i in plan.all_case_ids() if "/decode/" in i or "/profiler/" in i]
+    assert len(decode_like) == 8
+
+
+def test_context_over_tier_max_is_waived(tmp_path):
+    spec = spec_with(tmp_path, ("context_lengths = [16]", "context_lengths = [16, 32]\nmax_context = 20"))
+    waived = {w.case.case_id: w.reason for w in build_plan(spec, "smoke").waivers}
+    assert "max_context" in waived["coverage/decode/b1-c32-d0"]
+
+
+def test_plan_json_round_trip():
+    plan = build_plan(load_spec(REAL_SPEC), "smoke")
+    data = json.loads(json.dumps(plan.to_json()))
+    assert set(data) == {"schema", "spec", "spec_digest", "tier", "suites", "cases", "waivers"}
+    assert set(data["cases"][0]) == {"suite", "kind", "case_id", "config"}
+    assert data["waivers"][0]["reason"]
+    again = Plan.from_json(data)
+    assert again.to_json() == data
+    assert len(set(plan.all_case_ids())) == len(plan.all_case_ids())  # case ids are unique
+
+
+def test_real_spec_features_and_parity():
+    plan = build_plan(load_spec(REAL_SPEC), "smoke")
+    assert ids(plan.for_suite("parity")[0]) == ["parity/parity/c16", "parity/parity/c64"]
+    feats = ids(plan.for_suite("features")[0])
+    assert "features/structured/json_schema-sampled" in feats and "features/masks/top_p" in feats
+
+
+def test_cli_plan_table_and_json():
+    runner = CliRunner()
+    result = runner.invoke(app, ["plan", str(DOUBLE_SPEC), "--tier", "smoke"])
+    assert result.exit_code == 0, result.output
+    assert "coverage/profiler/b4-c16-d0" in result.output and "needs a CUDA GPU" in result.output
+    result = runner.invoke(app, ["plan", str(DOUBLE_SPEC), "--tier", "full", "--json"])
+    assert result.exit_code == 0
+    assert json.loads(result.output)["tier"] == "full"
+
+
+def test_cli_plan_errors_have_cause_and_fix_without_traceback(tmp_path):
+    result = CliRunner().invoke(app, ["plan", str(tmp_path / "missing.toml")])
+    assert result.exit_code == 2
+    assert "error:" in result.output and "fix:" in result.output and "Traceback" not in result.output
+    result = CliRunner().invoke(app, ["plan", str(DOUBLE_SPEC), "--tier", "medium"])
+    assert result.exit_code == 2 and "tier 'medium' is not defined" in result.output

@@ -1,0 +1,140 @@
+"""The pytest plugin: parametrization from the plan, fixtures, and outcome -> row rules."""
+
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+
+from fastpath.results import read_rows
+
+DOUBLES = Path(__file__).parent / "doubles"
+SPEC = DOUBLES / "spec.toml"
+
+
+def run_suite(tmp_path: Path, body: str, suite: str = "coverage") -> tuple[int, list[dict]]:
+    """Run ``body`` as a suite module under the plugin; return pytest's exit code and the rows."""
+    name = f"test_{suite}_{uuid.uuid4().hex[:8]}"  # unique: pytest caches modules by name
+    module = tmp_path / f"{name}.py"
+    module.write_text("import pytest\n" + textwrap.dedent(body))
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    rows = tmp_path / "rows.jsonl"
+    before = set(sys.modules)
+    code = pytest.main([str(module), "-c", str(tmp_path / "pytest.ini"), "--rootdir", str(tmp_path),
+                        "-p", "fastpath.pytest_plugin", "-p", "no:cacheprovider", "-q", "--capture=sys",
+                        "--import-mode=importlib", "--fastpath-spec", str(SPEC), "--fastpath-tier", "smoke",
+                        "--fastpath-rows", str(rows), "--fastpath-suite", suite])
+    for mod in set(sys.modules) - before:
+        if name in mod:
+            del sys.modules[mod]
+    return int(code), read_rows(rows)
+
+
+def test_parametrized_from_plan_and_record(tmp_path):
+    code, rows = run_suite(tmp_path, """
+        @pytest.mark.fastpath(kind="decode", gate="coverage_fast_path_fired")
+        def test_it(case, record, fp_spec, fp_tier):
+            assert fp_spec.name == "double" and fp_tier.name == "smoke"
+            ok = record("coverage_fast_path_fired", "batch", case["config"]["batch"], threshold=2, comparator="<=")
+            assert ok == (case["config"]["batch"] <= 2)
+    """)
+    assert code == 0
+    assert [(r["case_id"], r["status"], r["batch"], r["context"]) for r in rows] == [
+        ("coverage/decode/b1-c16-d0", "pass", 1, 16), ("coverage/decode/b4-c16-d0", "fail", 4, 16)]
+
+
+def test_exception_becomes_error_row_with_traceback_tail(tmp_path):
+    code, rows = run_suite(tmp_path, """
+        @pytest.mark.fastpath(kind="fallback", gate="coverage_clean_fallback")
+        def test_it(case):
+            raise RuntimeError("engine exploded at " + case["case_id"])
+    """)
+    assert code == 1
+    assert [r["status"] for r in rows] == ["error", "error"]
+    assert rows[0]["gate"] == "coverage_clean_fallback"
+    assert "RuntimeError" in rows[0]["message"] and "engine exploded at coverage/fallback/prefill" in rows[0]["message"]
+
+
+def test_failed_assertion_without_failing_row_becomes_fail_row(tmp_path):
+    code, rows = run_suite(tmp_path, """
+        @pytest.mark.fastpath(kind="fallback", gate="coverage_clean_fallback")
+        def test_it(case, record):
+            record("coverage_clean_fallback", "x", 1, passed=True)
+            assert case["config"]["fallback"] == "prefill", "wrong step"
+    """)
+    assert code == 1
+    assert [(r["case_id"], r["status"], r["metric"]) for r in rows] == [
+        ("coverage/fallback/prefill", "pass", "x"),
+        ("coverage/fallback/mixed", "pass", "x"), ("coverage/fallback/mixed", "fail", "assertion")]
+    assert "wrong step" in rows[-1]["message"]
+
+
+def test_failed_assertion_after_failing_row_adds_nothing(tmp_path):
+    code, rows = run_suite(tmp_path, """
+        @pytest.mark.fastpath(kind="fallback")
+        def test_it(case, record):
+            assert record("coverage_clean_fallback", "x", 0, threshold=1, comparator=">=")
+    """)
+    assert code == 1
+    assert [r["status"] for r in rows] == ["fail", "fail"] and {r["metric"] for r in rows} == {"x"}
+
+
+def test_skip_without_waiver_becomes_waiver_row_and_waive_writes_one(tmp_path):
+    code, rows = run_suite(tmp_path, """
+        @pytest.mark.fastpath(kind="fallback", gate="coverage_clean_fallback")
+        def test_it(case, waive):
+            if case["config"]["fallback"] == "prefill":
+                pytest.skip("no prefill on this box")
+            waive("coverage_clean_fallback", "mixed batches not built yet")
+    """)
+    assert code == 0
+    assert [(r["status"], r["message"]) for r in rows] == [
+        ("waived", "skipped without a waiver: no prefill on this box"),
+        ("waived", "mixed batches not built yet")]
+
+
+def test_plan_waived_cases_skip_with_plan_reason(tmp_path):
+    code, rows = run_suite(tmp_path, """
+        @pytest.mark.fastpath(kind="profiler", gate="coverage_profiler_kernels")
+        def test_it(case):
+            raise AssertionError("must not run: the plan waives profiler cases on smoke")
+    """)
+    assert code == 0
+    assert [r["status"] for r in rows] == ["waived", "waived"]
+    assert all(r["gate"] == "coverage_profiler_kernels" and "CUDA GPU" in r["message"] for r in rows)
+
+
+def test_gateless_error_and_silent_pass_are_not_lost(tmp_path):
+    code, rows = run_suite(tmp_path, """
+        @pytest.mark.fastpath(kind="decode")
+        def test_raises(case):
+            raise ValueError("x")
+
+        @pytest.mark.fastpath(kind="fallback", gate="coverage_clean_fallback")
+        def test_records_nothing(case):
+            pass
+    """)
+    by_metric = {}
+    for r in rows:
+        by_metric.setdefault(r["metric"], []).append(r)
+    assert {r["gate"] for r in by_metric["exception"]} == {""}
+    assert "names no gate" in by_metric["exception"][0]["message"]
+    assert [r["status"] for r in by_metric["result"]] == ["error", "error"]
+    assert "recorded no row" in by_metric["result"][0]["message"]
+
+
+def test_engine_models_and_gate_fixtures(tmp_path):
+    code, rows = run_suite(tmp_path, """
+        @pytest.mark.fastpath(kind="kernel", gate="kernels_noise_floor")
+        def test_it(case, fp_engine, fp_models, fp_gate, record):
+            assert fp_models["fast"] is fp_models["fast"]  # loaded once
+            assert fp_engine.loads == ["fast"]
+            assert fp_gate("kernels_noise_floor")["atol"] == 1e-6
+            with pytest.raises(KeyError, match="not in the spec"):
+                fp_gate("nope")
+            record("kernels_noise_floor", "ok", 1, passed=True, kernel="double_scale")
+    """, suite="kernels")
+    assert code == 0, rows
+    assert [(r["case_id"], r["kernel"], r["dtype"]) for r in rows] == [
+        ("kernels/kernel/registry-float32", "double_scale", "float32")]

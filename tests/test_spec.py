@@ -1,0 +1,134 @@
+"""Spec loading and validation: every error names file, key path, bad value, allowed values, line."""
+
+from pathlib import Path
+
+import pytest
+
+from fastpath.errors import SpecError
+from fastpath.spec import find_line, load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+DOUBLE_SPEC = Path(__file__).parent / "doubles" / "spec.toml"
+REAL_SPEC = ROOT / "optimized_model" / "k3" / "fastpath.toml"
+
+
+def spec_with(tmp_path: Path, old: str, new: str) -> Path:
+    text = DOUBLE_SPEC.read_text()
+    assert old in text, old
+    path = tmp_path / "fastpath.toml"
+    path.write_text(text.replace(old, new, 1))
+    return path
+
+
+def error_of(path: Path) -> str:
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    return str(info.value)
+
+
+def line_of(path: Path, needle: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if needle in line)
+
+
+def test_real_spec_is_valid():
+    spec = load_spec(REAL_SPEC)
+    assert spec.name == "k3-mini-latency-specialized"
+    assert spec.engine == "embedded"
+    assert spec.suites() == ["coverage", "kernels", "parity", "features"]
+    smoke = spec.tier("smoke")
+    assert smoke.scope["batch_sizes"] == [1, 2, 4]
+    assert smoke.scope["hardware"] == ["sm_90"]  # not overridden: inherited from [scope]
+    assert smoke.dtypes == ["float16"]
+    assert spec.gates.settings["kernels_noise_floor"]["k"] == 2.0
+    assert len(spec.digest) == 64
+
+
+def test_double_spec_defaults_and_digest(tmp_path):
+    spec = load_spec(DOUBLE_SPEC)
+    assert spec.scope["draft_lengths"] == [0] and spec.scope["tensor_parallel"] == [1]
+    assert spec.engine == "fastpath_double_engine:DoubleEngine"
+    changed = load_spec(spec_with(tmp_path, "name = \"double\"", "name = \"double2\""))
+    assert changed.digest != spec.digest
+
+
+def test_bad_list_item_names_index_value_and_line(tmp_path):
+    path = spec_with(tmp_path, "batch_sizes = [1, 2, 4]", "batch_sizes = [1, 2, -4]")
+    msg = error_of(path)
+    assert f"{path}:{line_of(path, 'batch_sizes = [1, 2, -4]')}: scope.batch_sizes[2]" in msg
+    assert "-4" in msg and ">= 1" in msg
+
+
+def test_unknown_key_is_rejected_with_allowed_keys(tmp_path):
+    path = spec_with(tmp_path, "max_context = 64", "max_context = 64\nmax_contxt = 64")
+    msg = error_of(path)
+    assert "features.max_contxt" in msg and "unknown key" in msg
+    assert "max_context" in msg.split("allowed keys:")[1]
+    assert f":{line_of(path, 'max_contxt')}:" in msg
+
+
+def test_unknown_top_level_table(tmp_path):
+    path = spec_with(tmp_path, "[switch]", "[swtich]\nkey = 1\n\n[switch]")
+    assert "swtich: unknown key 'swtich'" in error_of(path)
+
+
+def test_wrong_type_names_expected_type(tmp_path):
+    msg = error_of(spec_with(tmp_path, "max_context = 64", "max_context = \"64\""))
+    assert "features.max_context: '64' is string; expected an integer" in msg
+
+
+def test_disallowed_value_lists_allowed_values(tmp_path):
+    msg = error_of(spec_with(tmp_path, "suite = \"kernels\"", "suite = \"kernel\""))
+    assert "gates.kernels_noise_floor.suite: 'kernel' is not allowed" in msg
+    assert "'coverage', 'kernels', 'parity'" in msg
+
+
+def test_inline_table_value_error_points_at_its_line(tmp_path):
+    path = spec_with(tmp_path, "mixed = \"mixed_batch\"", "mixed = \"mixed\"")
+    msg = error_of(path)
+    assert f":{line_of(path, 'fallbacks =')}: scope.fallbacks.mixed: 'mixed' is not allowed" in msg
+    assert "'mixed_batch'" in msg
+
+
+def test_missing_required_key(tmp_path):
+    msg = error_of(spec_with(tmp_path, "engine = \"fastpath_double_engine:DoubleEngine\"\n", ""))
+    assert "fastpath.engine: required key is missing" in msg
+
+
+def test_unknown_tier_and_bad_dtype(tmp_path):
+    path = spec_with(tmp_path, "[tiers.full]", "[tiers.huge]")
+    assert "tiers.huge: unknown key 'huge'; allowed keys: 'smoke', 'full'" in error_of(path)
+    path = spec_with(tmp_path, "dtype = \"bfloat16\"", "dtype = \"bf16\"")
+    assert "tiers.full.engine_options.dtype: 'bf16' is not allowed" in error_of(path)
+
+
+def test_all_problems_reported_at_once(tmp_path):
+    path = spec_with(tmp_path, "hardware = [\"sm_90\"]", "hardware = [\"sm90\"]\nbogus = true")
+    msg = error_of(path)
+    assert "2 problems" in msg and "scope.hardware[0]" in msg and "scope.bogus" in msg
+
+
+def test_context_beyond_max_context(tmp_path):
+    msg = error_of(spec_with(tmp_path, "context_lengths = [16, 32]", "context_lengths = [16, 128]"))
+    assert "scope.context_lengths[1]: 128 exceeds features.max_context = 64" in msg
+
+
+def test_toml_syntax_and_missing_file(tmp_path):
+    bad = tmp_path / "x.toml"
+    bad.write_text("[fastpath\nname = 1\n")
+    assert "not valid TOML" in error_of(bad)
+    err = pytest.raises(SpecError, load_spec, tmp_path / "nope.toml").value
+    assert "does not exist" in err.cause and "default_spec" in err.fix
+
+
+def test_undefined_tier_lookup():
+    spec = load_spec(DOUBLE_SPEC)
+    with pytest.raises(SpecError, match="tier 'medium' is not defined"):
+        spec.tier("medium")
+
+
+def test_find_line_prefers_deepest_match():
+    text = "[a]\nx = 1\n[a.b]\nx = 2\ny = { z = 3 }\n"
+    assert find_line(text, ["a", "x"]) == 2
+    assert find_line(text, ["a", "b", "x"]) == 4
+    assert find_line(text, ["a", "b", "y", "z"]) == 5
+    assert find_line(text, ["nope"]) is None

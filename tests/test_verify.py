@@ -1,0 +1,181 @@
+"""`fastpath verify` end to end on the test-double engine and suites."""
+
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from fastpath.cli import app
+from fastpath.errors import UsageError
+from fastpath.verify import VerifyOptions, verify
+
+DOUBLES = Path(__file__).parent / "doubles"
+SUITES = DOUBLES / "suites"
+
+
+def make_project(root: Path, mode: str = "good") -> Path:
+    """A tiny project: pyproject with default_spec, the double spec, one fast-path source file."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "pyproject.toml").write_text('[project]\nname = "p"\n[tool.fastpath]\ndefault_spec = "spec.toml"\n')
+    (root / "src").mkdir(exist_ok=True)
+    (root / "src" / "fast.py").write_text("FAST = True\n")
+    text = (DOUBLES / "spec.toml").read_text().replace('mode = "good", dtype = "float32"',
+                                                       f'mode = "{mode}", dtype = "float32"')
+    (root / "spec.toml").write_text(text)
+    return root / "spec.toml"
+
+
+def run(spec=None, console=None, **kw):
+    return verify(VerifyOptions(spec=spec, tier=kw.pop("tier", "smoke"), suites_dir=SUITES, argv=["test"], **kw),
+                  console or Console(file=open(os.devnull, "w")))
+
+
+def summary(result):
+    return json.loads((result.bundle_dir / "summary.json").read_text())
+
+
+def test_passing_run_writes_complete_bundle(tmp_path):
+    spec = make_project(tmp_path / "p")
+    result = run(spec, out=tmp_path / "run")
+    assert (result.exit_code, result.verdict) == (0, "pass"), result.message
+    s = summary(result)
+    assert s["complete"] is True and s["tier"] == "smoke"
+    assert s["suites"] == {"coverage": "done", "kernels": "done"}
+    names = {p.relative_to(result.bundle_dir).as_posix() for p in result.bundle_dir.rglob("*") if p.is_file()}
+    assert {"spec.toml", "plan.json", "environment.json", "summary.json", "manifest.json",
+            "logs/coverage.log", "logs/kernels.log"} <= names
+    rows = pd.read_parquet(next(result.bundle_dir.glob("results/*.parquet")))
+    plan = json.loads((result.bundle_dir / "plan.json").read_text())
+    assert set(rows["case_id"]) == {c["case_id"] for c in plan["cases"] + plan["waivers"]}
+    assert result.archive.is_file() and not result.signed
+
+
+def test_fast_path_silently_not_firing_fails_naming_the_gate(tmp_path):
+    spec = make_project(tmp_path / "p", mode="broken_fast")
+    result = run(spec, out=tmp_path / "run")
+    assert (result.exit_code, result.verdict) == (1, "fail")
+    s = summary(result)
+    assert s["gates"]["coverage_fast_path_fired"]["status"] == "fail"
+    assert s["gates"]["kernels_noise_floor"]["status"] == "pass"
+    assert [r["case_id"] for r in s["failing_rows"]] == ["coverage/decode/b4-c16-d0"]
+    assert s["failing_rows"][0]["evidence"] == {"engaged": []}
+
+
+def test_crashing_kernel_is_an_error_row_not_a_crash(tmp_path):
+    spec = make_project(tmp_path / "p", mode="kernel_raises")
+    result = run(spec, out=tmp_path / "run")
+    assert result.verdict == "fail"
+    [bad] = summary(result)["failing_rows"]
+    assert bad["status"] == "error" and "planted: fast kernel crashed" in bad["message"]
+
+
+def test_only_then_resume_accumulates_and_skips_done_suites(tmp_path):
+    spec = make_project(tmp_path / "p")
+    first = run(spec, out=tmp_path / "run", only=["kernels"])
+    assert (first.exit_code, first.verdict) == (3, "incomplete")
+    assert summary(first)["complete"] is False and "--resume" in first.message
+    log = tmp_path / "run" / "state" / "logs" / "kernels.log"
+    stamp = log.stat().st_mtime_ns
+    second = run(None, resume=tmp_path / "run")  # no --only: runs what is left
+    assert (second.exit_code, second.verdict) == (0, "pass"), second.message
+    assert log.stat().st_mtime_ns == stamp  # kernels was not rerun
+    assert summary(second)["suites"] == {"coverage": "done", "kernels": "done"}
+
+
+def test_interrupted_run_is_never_signed_nor_passing_and_resumes(tmp_path, monkeypatch):
+    from fastpath.signing import generate_keypair
+
+    key, _, _ = generate_keypair(tmp_path / "k.key", tmp_path / "k.pub")
+    spec = make_project(tmp_path / "p")
+    monkeypatch.setenv("FASTPATH_DOUBLE_INTERRUPT", "1")
+    result = run(spec, out=tmp_path / "run", key=key)
+    assert (result.exit_code, result.verdict) == (3, "incomplete")
+    assert "--resume" in result.message
+    s = summary(result)
+    assert s["verdict"] == "incomplete" and s["suites"]["kernels"] == "not_run"
+    assert not (result.bundle_dir / "statement.dsse.json").exists() and not result.signed
+    monkeypatch.delenv("FASTPATH_DOUBLE_INTERRUPT")
+    resumed = run(None, resume=tmp_path / "run", key=key)
+    assert (resumed.exit_code, resumed.verdict) == (0, "pass")
+    assert resumed.signed and (resumed.bundle_dir / "statement.dsse.json").is_file()
+
+
+def test_resume_refuses_a_changed_spec_and_out_refuses_reuse(tmp_path):
+    spec = make_project(tmp_path / "p")
+    run(spec, out=tmp_path / "run", only=["kernels"])
+    with pytest.raises(UsageError, match="already holds a run"):
+        run(spec, out=tmp_path / "run")
+    spec.write_text(spec.read_text().replace('name = "double"', 'name = "double-2"'))
+    with pytest.raises(UsageError, match="changed since the run"):
+        run(None, resume=tmp_path / "run")
+    with pytest.raises(UsageError, match="unknown suite"):
+        run(make_project(tmp_path / "q"), out=tmp_path / "run2", only=["nope"])
+
+
+def test_signed_bundle_passes_check(tmp_path):
+    from fastpath.check import check_bundle
+    from fastpath.signing import generate_keypair, load_public_key, public_key_hex
+
+    key, pub, kid = generate_keypair(tmp_path / "k.key", tmp_path / "k.pub")
+    spec = make_project(tmp_path / "p")
+    result = run(spec, out=tmp_path / "p" / "out", key=key)
+    trust = tmp_path / "trust.toml"
+    trust.write_text(f'[[keys]]\nkeyid = "{kid}"\npublic_key = "{public_key_hex(load_public_key(pub))}"\n'
+                     f'owner = "t"\ntiers = ["smoke"]\n')
+    report = check_bundle(result.archive, trust_path=trust, source_root=tmp_path / "p", require_tier="smoke")
+    assert report.passed, [(f.rule, f.reason) for f in report.failures]
+
+
+def test_cli_verify_uses_default_spec_and_maps_exit_codes(tmp_path, monkeypatch):
+    make_project(tmp_path / "p")
+    monkeypatch.chdir(tmp_path / "p")
+    runner = CliRunner()
+    result = runner.invoke(app, ["verify", "--tier", "smoke", "--out", str(tmp_path / "run"),
+                                 "--suites-dir", str(SUITES)])
+    assert result.exit_code == 0, result.output
+    assert "verdict: PASS" in result.output
+    assert "coverage/decode/b4-c16-d0" in result.output  # a progress line per case
+    result = runner.invoke(app, ["verify", "--tier", "huge"])
+    assert result.exit_code == 2 and "fix:" in result.output and "Traceback" not in result.output
+    result = runner.invoke(app, ["verify", "--resume", str(tmp_path / "nothing")])
+    assert result.exit_code == 2 and "holds no fastpath run" in result.output
+
+
+def test_suite_without_module_fails_with_its_reason(tmp_path):
+    spec = make_project(tmp_path / "p")
+    spec.write_text(spec.read_text() + '\n[gates.parity_kl]\nsuite = "parity"\n')
+    result = run(spec, out=tmp_path / "run")
+    assert (result.exit_code, result.verdict) == (1, "fail")
+    s = summary(result)
+    assert s["complete"] is True and s["suites"]["parity"] == "crashed"
+    messages = [r["message"] for r in s["failing_rows"]]
+    assert any("no suite module" in m and "test_parity.py" in m for m in messages)
+    assert "case produced no result" in messages  # its planned cases are accounted for
+
+
+def test_auto_tier_is_smoke_without_torch(monkeypatch):
+    import importlib.util
+
+    from fastpath.spec import load_spec
+    from fastpath.verify import detect_tier
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert detect_tier(load_spec(DOUBLES / "spec.toml")) == ("smoke", "torch is not installed")
+
+
+def test_cli_keygen_sign_refuses_incomplete_and_check_rejects(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(app, ["keygen", "--out", str(tmp_path / "k.key"), "--pub", str(tmp_path / "k.pub")])
+    assert result.exit_code == 0, result.output
+    assert oct((tmp_path / "k.key").stat().st_mode & 0o777) == "0o600"
+    partial = run(make_project(tmp_path / "p"), out=tmp_path / "run", only=["kernels"])
+    result = runner.invoke(app, ["sign", str(partial.bundle_dir), "--key", str(tmp_path / "k.key")])
+    assert result.exit_code == 2 and "incomplete" in result.output and "Traceback" not in result.output
+    result = runner.invoke(app, ["check", str(partial.archive), "--trust", str(tmp_path / "none.toml"),
+                                 "--source", str(tmp_path / "p"), "--format", "json"])
+    assert result.exit_code == 1
+    assert json.loads(result.output)["passed"] is False
