@@ -100,8 +100,12 @@ class Model(Protocol):
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]: ...
 
-    def score(self, token_ids: list[list[int]]) -> list[Any]:
-        """Teacher-forced logits (fp32 tensor [len, vocab]) for each sequence."""
+    def score(self, token_ids: list[list[int]], prefill_len: int | None = None) -> list[Any]:
+        """Teacher-forced logits (fp32 tensor [len, vocab]; row i predicts token i + 1).
+
+        The first ``prefill_len`` positions (default: all) come from a prefill; every later
+        position from a decode step fed the true token. Prefill is outside a decode fast
+        path's scope, so parity MUST pass ``prefill_len`` < len to exercise the fast path."""
         ...
 
     def decode_step(self, batch: int, context: int, draft: int = 0) -> Callable[[], None]:

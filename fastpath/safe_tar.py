@@ -9,11 +9,14 @@ Extraction then writes regular files only, created exclusively inside a fresh te
 
 from __future__ import annotations
 
+import gzip
+import io
 import os
 import shutil
 import stat
 import tarfile
 import tempfile
+import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -109,12 +112,60 @@ def _member_kind(m: tarfile.TarInfo) -> str | None:
     return f"unsupported member type {m.type!r}"
 
 
+class _Capped(io.RawIOBase):
+    """The decompressed stream, refusing to yield more than ``cap`` bytes: a gzip bomb (even one
+    hidden in a pax header, which tarfile reads into memory) stops at the cap."""
+
+    def __init__(self, gz: gzip.GzipFile, cap: int):
+        self.gz, self.cap = gz, cap
+
+    def _guard(self, end: int) -> None:
+        if end > self.cap:
+            raise UnsafeBundle(f"archive decompresses to more than {self.cap} bytes")
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            n = self.cap + 1 - self.gz.tell()
+        data = self.gz.read(n)
+        self._guard(self.gz.tell())
+        return data
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        target = {0: pos, 1: self.gz.tell() + pos}.get(whence)
+        if target is None:
+            raise OSError("seek from the end is not supported")
+        self._guard(target)
+        return self.gz.seek(target)
+
+    def tell(self) -> int:
+        return self.gz.tell()
+
+
+@contextmanager
+def _open_tar(path: Path, limits: Limits) -> Iterator[tarfile.TarFile]:
+    # Headers, pax records and padding may add to the data: allow 3 blocks per member on top.
+    cap = limits.max_total_bytes + 3 * 512 * (limits.max_members + 2) + (1 << 20) * 2
+    with gzip.open(path, "rb") as gz, tarfile.open(fileobj=_Capped(gz, cap), mode="r:") as tar:
+        yield tar
+
+
 def inspect_archive(path: Path, limits: Limits = Limits()) -> list[tuple[str, tarfile.TarInfo]]:
     """All (normalised name, header) pairs, or UnsafeBundle at the first offending header."""
     budget = _Budget(limits)
     out = []
     try:
-        with tarfile.open(path, mode="r:gz") as tar:
+        with _open_tar(path, limits) as tar:
             # Iterating reads one header at a time; checking before the next step means a huge
             # member's data is never skipped over (let alone read).
             for m in tar:
@@ -129,7 +180,7 @@ def inspect_archive(path: Path, limits: Limits = Limits()) -> list[tuple[str, ta
                 budget.add(name, is_dir=m.isdir(), size=m.size)
                 out.append((name, m))
             _drain(tar.fileobj)
-    except (tarfile.TarError, OSError, EOFError) as e:
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
         raise UnsafeBundle(f"not a readable .tar.gz archive ({e})") from e
     budget.finish()
     if not out:
@@ -168,7 +219,7 @@ def extract_archive(path: Path, dest: Path, limits: Limits = Limits()) -> None:
     members = inspect_archive(path, limits)
     root = Path(dest).resolve()
     try:
-        with tarfile.open(path, mode="r:gz") as tar:
+        with _open_tar(path, limits) as tar:
             by_name = {m.name: name for name, m in members}
             for m in tar:
                 if m.isdir() and m.name.strip("/") in ("", "."):
@@ -184,7 +235,7 @@ def extract_archive(path: Path, dest: Path, limits: Limits = Limits()) -> None:
                 else:
                     target.parent.mkdir(parents=True, exist_ok=True)
                     _write_member(tar, m, target, m.size)
-    except (tarfile.TarError, EOFError) as e:
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
         raise UnsafeBundle(f"archive unreadable during extraction ({e})") from e
 
 

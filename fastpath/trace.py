@@ -42,6 +42,8 @@ _graphs: dict[Hashable, list["Event"]] = {}
 # Capture nesting is per thread: a capture on one thread must not swallow another's events.
 _local = threading.local()
 _lock = threading.Lock()
+# Number of captures open on any thread: lets the idle path skip the thread-local lookup.
+_open_captures = 0
 
 
 @dataclass(frozen=True)
@@ -125,14 +127,14 @@ def _emit(event: Event) -> None:
 
 def engaged(component: str, variant: str, **shape: Any) -> None:
     """The fast path ran ``component`` with ``variant`` on ``shape``."""
-    if not _recorders and _capture_key() is None:
+    if not _recorders and not _open_captures:
         return
     _emit(Event("engaged", component, variant, tuple(sorted(shape.items()))))
 
 
 def refused(component: str, reason: str, **shape: Any) -> None:
     """The fast path declined ``component`` (the standard path ran instead) for ``reason``."""
-    if not _recorders and _capture_key() is None:
+    if not _recorders and not _open_captures:
         return
     _emit(Event("refused", component, reason, tuple(sorted(shape.items()))))
 
@@ -157,13 +159,17 @@ def capturing(key: Hashable) -> Iterator[None]:
     """Bind events reported in this block to graph ``key`` (replacing an earlier capture)."""
     if _capture_key() is not None:
         raise RuntimeError(f"nested graph capture: {key!r} inside {_capture_key()!r}")
+    global _open_captures
     with _lock:
         _graphs[key] = []
+        _open_captures += 1
     _local.capture = key
     try:
         yield
     finally:
         _local.capture = None
+        with _lock:
+            _open_captures -= 1
 
 
 def replayed(key: Hashable, times: int = 1) -> None:

@@ -20,7 +20,9 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import signal
 import sys
+import threading
 import time
 import tomllib
 from dataclasses import dataclass, field
@@ -197,7 +199,8 @@ def verify(opts: VerifyOptions, console: Any = None) -> VerifyResult:
 
     interrupted = False
     try:
-        _run_suites(todo, spec, plan, state, suites_dir, console)
+        with _sigterm_as_interrupt():
+            _run_suites(todo, spec, plan, state, suites_dir, console)
     except (Interrupted, KeyboardInterrupt):
         interrupted = True
 
@@ -207,6 +210,22 @@ def verify(opts: VerifyOptions, console: Any = None) -> VerifyResult:
         result.message = (f"interrupted: finished suites are kept in {run_dir}; continue with "
                           f"`fastpath verify --resume {run_dir}`")
     return result
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Any:
+    """A time limit (``timeout``, a batch scheduler) sends SIGTERM: stop like Ctrl-C, keep state."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _prepare(opts: VerifyOptions, console: Any) -> tuple[Spec, str, Path, RunState, Path, Path]:

@@ -92,3 +92,23 @@ def record_waived(record: Any, gate: str, metric: str, reason: str, **cfg: Any) 
 
 def dumps(x: Any) -> str:
     return json.dumps(jsonable(x), sort_keys=True, default=str)
+
+
+def score_teacher_forced(model: Any, seqs: list[list[int]], starts: list[int]) -> tuple[list[Any], bool]:
+    """``model.score(seqs, decode_from=starts)`` (docs/architecture.md): positions >= start run
+    through decode steps, so the fast model's fast path computes them. Returns (logits per
+    sequence, whether the engine accepted ``decode_from``); an engine without it is scored by
+    plain prefill, and the caller's trace check then fails the row with the reason."""
+    try:
+        return model.score(seqs, decode_from=list(starts)), True
+    except TypeError:
+        return model.score(seqs), False
+
+
+def scope_max_batch(spec: Any, tier: Any) -> int:
+    """The fast path's largest declared batch (spec scope; the tier only slices what it tests)."""
+    for obj in (spec, tier):
+        sc = getattr(obj, "scope", None)
+        if sc and sc.get("batch_sizes"):
+            return int(max(sc["batch_sizes"]))
+    return 4

@@ -65,8 +65,11 @@ def plan_sequences(context: int, tokens: int) -> tuple[int, int]:
 
 
 def score_positions(model, seqs: list[list[int]], starts: list[int]) -> np.ndarray:
-    """Logits rows predicting tokens seq[start:], stacked over sequences (float64)."""
-    out = model.score(seqs)
+    """Logits rows predicting tokens seq[start:], stacked over sequences (float64).
+
+    Positions from min(starts) - 1 on are teacher-forced DECODE steps (prefill_len), so on
+    the fast path they are computed by the fast decoder, not by the standard prefill."""
+    out = model.score(seqs, prefill_len=min(starts) - 1)
     rows = []
     for logits, seq, s in zip(out, seqs, starts):
         t = logits.detach().float().cpu().numpy()

@@ -6,3 +6,6 @@ from pathlib import Path
 DOUBLES = Path(__file__).parent / "doubles"
 if str(DOUBLES) not in sys.path:
     sys.path.insert(0, str(DOUBLES))
+
+# Suites inside the doubles are run by the verify tests through pytest.main, never collected here.
+collect_ignore_glob = ["doubles/*", "suite_doubles/*"]

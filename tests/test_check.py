@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from bundle_factory import build
-from fastpath.bundle import MANIFEST, ROWS, pack, write_json, write_manifest
+from fastpath.bundle import ROWS, pack, write_json, write_manifest
 from fastpath.check import check_bundle, main_check
 from fastpath.signing import generate_keypair, sign_bundle
 

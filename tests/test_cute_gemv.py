@@ -69,6 +69,8 @@ def test_compiles_to_vectorized_ptx():
     assert loads, "no 128-bit vector loads in the PTX"
     assert not re.search(r"ld\.global(?:\.\w+)*\.(?:b16|u16)\b", ptx), "scalar 16-bit loads"
     assert "shfl.sync.bfly" in ptx
+    entry = re.search(r"\.entry\s+(\w+)", ptx).group(1)  # the name a profiler will show
+    assert any(re.search(p, entry) for p in cg.kernel_entry("cpu").kernel_patterns), entry
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device: CuTe DSL numerics run on the GPU only "

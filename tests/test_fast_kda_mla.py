@@ -200,11 +200,12 @@ def test_mla_length_offset_and_strided_cache():
 
 
 def test_mla_choose_splits():
-    assert mla.choose_splits(1, 2, 32768) > 16         # batch 1, long context: many splits
-    assert mla.choose_splits(64, 2, 1024) <= 3          # 128 programs: at most ~2 waves
-    assert mla.choose_splits(64, 8, 1024) == 1          # 512 programs already: no split
-    assert mla.choose_splits(1, 2, 200) == 1            # short: one split
-    assert mla.choose_splits(1, 1, 10 ** 6) <= 64
+    long_b1 = mla.choose_splits(1, 2, 32768)
+    assert long_b1 >= 32                                 # batch 1, long context: many splits
+    assert mla.choose_splits(64, 2, 32768) < long_b1     # bigger batch: fewer splits
+    assert mla.choose_splits(256, 4, 1024) == 1          # 1024 programs already: no split
+    assert mla.choose_splits(1, 2, 100) == 1             # short: one split
+    assert max(mla.choose_splits(b, 1, 10 ** 6) for b in (1, 2, 4)) <= 128
 
 
 def test_mla_entry_masked_noise_floor():

@@ -83,3 +83,22 @@ def test_decode_step_covers_the_sampler_and_refuses_graphs_on_cpu(fp32_model):
     assert set(comps) == set(registry.COMPONENT_NAMES)
     assert comps["decode_graph"] == {"refused:no_cuda"}
     assert comps["sampler"] and not any(v.startswith("refused") for v in comps["sampler"])
+
+
+def test_every_launch_of_the_tiny_step_compiles_for_sm90():
+    """CPU pre-flight: each Triton launch of a fast step compiles for sm_90 (Triton + ptxas) and
+    fits the H200's shared memory — errors the interpreter cannot see."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import triton
+
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    if not ptxas.exists():
+        pytest.skip(f"no ptxas in the triton wheel ({ptxas}): cannot compile for sm_90 here")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-m", "optimized_model.k3.fast.gpu_bench", "--aot", "--config", "tiny",
+                        "--batches", "1,16"], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "0 problems" in r.stdout

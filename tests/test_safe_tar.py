@@ -147,3 +147,12 @@ def test_data_after_the_archive_end_is_rejected(tmp_path):
     a = _archive(tmp_path / "a.tar.gz", [(_info("b/ok", data=b"1"), b"1")])
     a.write_bytes(a.read_bytes() + gzip.compress(b"\0" * (2 << 20)))  # a second gzip member
     assert "after the end of the tar archive" in _reason(a)
+
+
+def test_decompression_bomb_in_a_pax_header_stops_at_the_cap(tmp_path):
+    # tarfile reads pax records into memory; the capped stream stops a bomb hidden there.
+    info = _info("b/x", data=b"1")
+    info.pax_headers = {"comment": "z" * (8 << 20)}
+    a = _archive(tmp_path / "bomb.tar.gz", [(info, b"1")])
+    assert a.stat().st_size < (64 << 10)
+    assert "decompresses to more than" in _reason(a, Limits(max_total_bytes=1000, max_members=2))

@@ -86,12 +86,13 @@ def test_only_then_resume_accumulates_and_skips_done_suites(tmp_path):
     assert summary(second)["suites"] == {"coverage": "done", "kernels": "done"}
 
 
-def test_interrupted_run_is_never_signed_nor_passing_and_resumes(tmp_path, monkeypatch):
+@pytest.mark.parametrize("how", ["1", "term"])  # Ctrl-C, or SIGTERM from a time limit
+def test_interrupted_run_is_never_signed_nor_passing_and_resumes(tmp_path, monkeypatch, how):
     from fastpath.signing import generate_keypair
 
     key, _, _ = generate_keypair(tmp_path / "k.key", tmp_path / "k.pub")
     spec = make_project(tmp_path / "p")
-    monkeypatch.setenv("FASTPATH_DOUBLE_INTERRUPT", "1")
+    monkeypatch.setenv("FASTPATH_DOUBLE_INTERRUPT", how)
     result = run(spec, out=tmp_path / "run", key=key)
     assert (result.exit_code, result.verdict) == (3, "incomplete")
     assert "--resume" in result.message

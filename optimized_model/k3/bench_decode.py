@@ -134,13 +134,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--replays", type=int, default=50)
     ap.add_argument("--json", default=None, help="write the full result as JSON here")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 on cpu)")
     args = ap.parse_args(argv)
+    if args.threads or args.device == "cpu":
+        torch.set_num_threads(args.threads or 1)
 
     from .engine import EmbeddedEngine
 
     engine = EmbeddedEngine(config=args.config, device=args.device, dtype=args.dtype, seed=args.seed)
     if args.paths == "auto":
         ok, why = engine.fast_path_available()
+        if ok and args.device == "cpu":
+            ok, why = False, "on CPU the fast path runs in Triton's interpreter (not a performance path); pass --paths standard,fast to time it anyway"
         paths = ["standard", "fast"] if ok else ["standard"]
         if not ok:
             print(f"fast path not benchmarked: {why}", file=sys.stderr)

@@ -4,7 +4,8 @@
     model = engine.load("standard" | "fast" | "oracle")
 
 Options: ``config`` "tiny" | "mini"; ``device`` "cpu" | "cuda"; ``dtype`` (default bfloat16 on
-cuda, float32 on cpu); ``seed`` (weights); ``use_graphs`` (default: True on cuda).
+cuda, float32 on cpu); ``seed`` (weights); ``use_graphs`` (default: True on cuda); ``threads``
+(torch CPU threads; default: leave torch's setting).
 
 Paths share one set of weights: "standard" and "fast" use the same K3Model (the fast path
 reads its tensors); "oracle" is the same weights upcast to fp32 with the torch recurrence and
@@ -66,22 +67,39 @@ class K3LoadedModel:
         self.runner.reserve = max(int(r.max_tokens) for r in requests) + 1
         return generate(self.runner, self.tokenizer, requests)
 
-    def score(self, token_ids: list[list[int]]) -> list[torch.Tensor]:
-        """Teacher-forced fp32 logits [len, vocab] per sequence (one batched ragged prefill)."""
+    def score(self, token_ids: list[list[int]], prefill_len: int | None = None) -> list[torch.Tensor]:
+        """Teacher-forced fp32 logits [len, vocab] per sequence (row i predicts token i + 1).
+
+        The first ``prefill_len`` positions (default: all) come from one batched ragged
+        prefill; every later position from a decode step fed the true token, so on the fast
+        path those rows are computed by the fast decoder — the step that parity must test."""
         if not token_ids:
             return []
         lens = [len(t) for t in token_ids]
         if min(lens) < 1:
             raise ValueError("score: empty sequence")
         B, T = len(lens), max(lens)
-        self.runner._select(B, T, "prefill")
+        p = T if prefill_len is None else max(1, min(int(prefill_len), min(lens)))
         tokens = torch.zeros(B, T, dtype=torch.long)
         for b, t in enumerate(token_ids):
             tokens[b, : lens[b]] = torch.as_tensor(t, dtype=torch.long)
-        state = self.model.new_state(B, T)
-        logits = self.model.prefill(tokens.to(self.model.device), torch.as_tensor(lens).to(self.model.device),
-                                    state, all_logits=True)
-        return [logits[b, : lens[b]].cpu() for b in range(B)]
+        if p == T:
+            self.runner._select(B, T, "prefill")
+            state = self.model.new_state(B, T)
+            logits = self.model.prefill(tokens.to(self.model.device), torch.as_tensor(lens).to(self.model.device),
+                                        state, all_logits=True)
+            return [logits[b, : lens[b]].float().cpu() for b in range(B)]
+        self.runner.reserve = T - p + 1
+        self.runner._select(B, p, "prefill")
+        state = self.runner.state(B, -(-(T + 1) // self.runner.CAP_ALIGN) * self.runner.CAP_ALIGN)
+        prefix = tokens[:, :p].to(self.model.device)
+        rows = [self.model.prefill(prefix, torch.full((B,), p).to(self.model.device), state,
+                                   all_logits=True).float().cpu()]
+        for t in range(p, T):
+            # finished (shorter) sequences are fed token 0; their rows are cut off below
+            rows.append(self.runner.decode(tokens[:, t], state).float().cpu()[:, None])
+        logits = torch.cat(rows, dim=1)
+        return [logits[b, : lens[b]] for b in range(B)]
 
     def decode_step(self, batch: int, context: int, draft: int = 0):
         return self.runner.decode_step(batch, context, draft)
@@ -105,10 +123,12 @@ class EmbeddedEngine:
     name = "embedded"
 
     def __init__(self, config: str = "tiny", device: str = "cpu", dtype: Any = None, seed: int = 0,
-                 use_graphs: bool | None = None, **unknown: Any):
+                 use_graphs: bool | None = None, threads: int | None = None, **unknown: Any):
         if unknown:
             raise TypeError(f"embedded engine: unknown option(s) {sorted(unknown)}; known: config, device, "
-                            "dtype, seed, use_graphs")
+                            "dtype, seed, use_graphs, threads")
+        if threads:  # torch CPU threads (1 is much faster than the default on a shared small box)
+            torch.set_num_threads(int(threads))
         self.cfg = get_config(config)
         device = str(device)
         if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
@@ -152,6 +172,7 @@ class EmbeddedEngine:
             "vocab_size": self.cfg.vocab_size,
             "torch": torch.__version__,
             "cuda_graphs": self._graphs_on(),
+            "cpu_threads": torch.get_num_threads(),
         }
 
     def _graphs_on(self) -> bool:

@@ -128,8 +128,8 @@ class K3Model:
         H, K, Wc = cfg.kda_heads, cfg.kda_head_dim, cfg.kda_conv
         qkv = F.linear(x, self.W(i, "qkv_proj")).transpose(1, 2)  # [B, 3d, T]
         xp = F.pad(qkv, (Wc - 1, 0))
-        w = self.W(i, "conv")
-        conv = sum(xp[:, :, j:j + T] * w[:, j:j + 1] for j in range(Wc))
+        w = self.W(i, "conv").float()
+        conv = sum(xp[:, :, j:j + T].float() * w[:, j:j + 1] for j in range(Wc))  # fp32 accumulate
         # conv state = the last W-1 real inputs: padded positions lengths .. lengths + W-2
         idx = (lengths.view(B, 1) + torch.arange(Wc - 1, device=x.device)).unsqueeze(1)
         state.conv[s].copy_(xp.gather(2, idx.expand(B, qkv.shape[1], Wc - 1)))
@@ -140,7 +140,7 @@ class K3Model:
         beta = beta * valid[:, :, None]
         if self.kda_backend == "fla":
             chunk_kda, _ = self._fla_ops()
-            o, S = chunk_kda(q.to(x.dtype), k.to(x.dtype), v.contiguous(), g.contiguous(), beta.to(x.dtype),
+            o, S = chunk_kda(q.to(x.dtype), k.to(x.dtype), v.to(x.dtype).contiguous(), g.contiguous(), beta.to(x.dtype),
                              initial_state=torch.zeros_like(state.kda[s]), output_final_state=True)
         else:
             o, S = kda_chunked(q, k, v, g, beta)
@@ -153,7 +153,7 @@ class K3Model:
         H, K = cfg.kda_heads, cfg.kda_head_dim
         qkv = F.linear(x, self.W(i, "qkv_proj"))  # [B, 3d]
         window = torch.cat([state.conv[s], qkv.unsqueeze(-1)], dim=-1)  # [B, 3d, W]
-        conv = (window * self.W(i, "conv")).sum(-1)
+        conv = (window.float() * self.W(i, "conv").float()).sum(-1)  # fp32 accumulate
         state.conv[s].copy_(window[:, :, 1:])
         q, k, v = F.silu(conv).unflatten(-1, (3, H, K)).unbind(1)
         q, k = l2norm(q), l2norm(k)
@@ -162,7 +162,7 @@ class K3Model:
             _, fused_recurrent_kda_fwd = self._fla_ops()
             o, _ = fused_recurrent_kda_fwd(
                 q=q.to(x.dtype).view(B, 1, H, K), k=k.to(x.dtype).view(B, 1, H, K),
-                v=v.contiguous().view(B, 1, H, K),
+                v=v.to(x.dtype).contiguous().view(B, 1, H, K),
                 g=g.view(B, 1, H, K), beta=beta.to(x.dtype).view(B, 1, H), scale=K ** -0.5,
                 initial_state=state.kda[s], inplace_final_state=True)
             o = o.view(B, H, K)

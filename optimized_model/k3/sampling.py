@@ -39,6 +39,7 @@ __all__ = [
     "apply_bitmask",
     "bitmask_to_bool",
     "sample_reference",
+    "sample_batched",
     "final_probs",
 ]
 
@@ -198,9 +199,68 @@ def final_probs(
     return out
 
 
+def sample_batched(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    noise: torch.Tensor | None,
+    bitmask: torch.Tensor | None = None,
+    *,
+    n_valid: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The same contract as ``sample_reference`` in fp32, for the whole batch at once (no
+    per-row host syncs: what a generic engine runs). Row for row it performs the same fp32
+    operations, so on CPU it equals ``sample_reference`` exactly (tested)."""
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [B, V], got {tuple(logits.shape)}")
+    B, V = logits.shape
+    if len(params) != B:
+        raise ValueError(f"{len(params)} sampling params for a batch of {B}")
+    dev = logits.device
+    x = apply_bitmask(logits.float(), bitmask, n_valid)
+    temp = torch.tensor([p.temperature for p in params], dtype=torch.float32)
+    greedy_h = temp <= 0
+    greedy_tok = torch.argmax(x, dim=-1)
+    greedy_lp = torch.log_softmax(x, dim=-1).gather(1, greedy_tok[:, None])[:, 0]
+    dist = torch.zeros(B, V, dtype=torch.float32, device=dev)
+    if bool(greedy_h.all()):
+        dist.scatter_(1, greedy_tok[:, None], 1.0)
+        return greedy_tok, greedy_lp, dist
+    if noise is None:
+        raise ValueError("sampled rows (temperature > 0) need noise; use draw_noise()")
+    greedy = greedy_h.to(dev)
+    xs = x / torch.where(greedy_h, torch.ones_like(temp), temp).to(dev)[:, None]
+    top_k = torch.tensor([p.top_k for p in params], dtype=torch.int64)
+    use_k_h = (top_k > 0) & (top_k < V) & ~greedy_h
+    if bool(use_k_h.any()):
+        kmax = int(top_k[use_k_h].max())
+        vals = torch.topk(xs, kmax, dim=-1).values
+        kth = vals.gather(1, (top_k.clamp(1, kmax) - 1).to(dev)[:, None])
+        xs = xs.masked_fill(use_k_h.to(dev)[:, None] & (xs < kth), float("-inf"))
+    probs = torch.softmax(xs, dim=-1)
+    top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32)
+    use_p_h = (top_p < 1.0) & ~greedy_h
+    if bool(use_p_h.any()):
+        sorted_p = torch.sort(probs, dim=-1, descending=True).values
+        csum = torch.cumsum(sorted_p, dim=-1)
+        reach = csum >= top_p.to(dev)[:, None]
+        first = torch.argmax(reach.to(torch.int8), dim=-1)  # first index reaching top_p
+        t_star = sorted_p.gather(1, first[:, None])
+        drop = (use_p_h.to(dev) & reach.any(dim=-1))[:, None] & (probs < t_star)
+        probs = probs.masked_fill(drop, 0.0)
+    q = probs / probs.sum(dim=-1, keepdim=True)
+    e = noise.to(dev, torch.float32)
+    score = torch.where(q > 0, q / e, torch.full_like(q, -1.0))
+    tok = torch.argmax(score, dim=-1)
+    lp = torch.log(q.gather(1, tok[:, None])[:, 0])
+    tokens = torch.where(greedy, greedy_tok, tok)
+    logprobs = torch.where(greedy, greedy_lp, lp)
+    dist = torch.where(greedy[:, None], dist.scatter(1, greedy_tok[:, None], 1.0), q)
+    return tokens, logprobs, dist
+
+
 class Sampler:
-    """The standard sampler (plain PyTorch, fp32). ``n_valid``: ids at or above it (vocab
-    padding) are always masked."""
+    """The standard sampler (plain PyTorch, fp32, batched). ``n_valid``: ids at or above it
+    (vocab padding) are always masked."""
 
     name = "standard"
 
@@ -217,9 +277,7 @@ class Sampler:
         noise: torch.Tensor | None = None,
         bitmask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        tokens, logprobs, _ = sample_reference(
-            logits.float(), params, noise, bitmask, n_valid=self.n_valid, dtype=torch.float32
-        )
+        tokens, logprobs, _ = sample_batched(logits, params, noise, bitmask, n_valid=self.n_valid)
         return tokens, logprobs
 
     def probs(
@@ -228,4 +286,7 @@ class Sampler:
         params: Sequence[SamplingParams],
         bitmask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return final_probs(logits.float(), params, bitmask, n_valid=self.n_valid)
+        if all(p.greedy for p in params):
+            return final_probs(logits.float(), params, bitmask, n_valid=self.n_valid)
+        ones = torch.ones(logits.shape, dtype=torch.float32)
+        return sample_batched(logits, params, ones, bitmask, n_valid=self.n_valid)[2]

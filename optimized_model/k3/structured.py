@@ -8,6 +8,15 @@ is complete. Compiled grammars are cached per (kind, text).
 Per step the generation loop asks ``StructuredBatch.fill_bitmask()`` for a ``[B, ceil(V/32)]``
 int32 mask in xgrammar's layout (bit j of word i = token 32*i + j; 1 = allowed); unconstrained or
 finished rows are all ones. The sampler applies it (disallowed → -inf) identically on every path.
+
+Byte-level guard (xgrammar 0.2.9 works on UTF-8 *bytes* and is loose in two places, seen with a
+random-logits model): (1) its character classes accept byte sequences that are not valid UTF-8
+(overlong forms, surrogates, code points above U+10FFFF), which decode to U+FFFD; (2) the
+length-bounded JSON string rule (``maxLength``) is ``[^"\\\r\n]``, which admits raw control
+characters that JSON forbids. So each constrained row's grammar mask is ANDed with a small UTF-8
+automaton (only bytes that can continue valid UTF-8, and no special token in the middle of a
+character) and, for JSON-schema rows, with "no bytes 0x00-0x1F" (compact JSON never needs them;
+escapes such as \\n stay allowed). If that ever empties a row, the grammar's mask alone is used.
 """
 
 from __future__ import annotations
@@ -43,7 +52,8 @@ def grammar_key(structured: dict[str, Any]) -> tuple[str, str]:
         )
     kind, value = next(iter(structured.items()))
     if kind == "json_schema":
-        text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+        # key order is kept: it is the property order the grammar generates
+        text = value if isinstance(value, str) else json.dumps(value)
         return kind, text
     if kind == "regex":
         if not isinstance(value, str):
@@ -91,6 +101,53 @@ class GrammarCompilerCache:
         return self.xgr.GrammarMatcher(self.compile(structured))
 
 
+def _pack(allowed: torch.Tensor) -> torch.Tensor:
+    """bool [32*W] -> xgrammar int32 words [W] (bit j of word i = id 32*i + j)."""
+    bits = allowed.view(-1, 32).to(torch.int64) << torch.arange(32, dtype=torch.int64)
+    words = bits.sum(-1)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def _byte_guard_words(lo: int, hi: int, no_control: bool) -> torch.Tensor:
+    """The 8 words covering byte ids 0..255: allow [lo, hi] for a continuation byte, or (lo < 0)
+    every byte that may start a valid UTF-8 character."""
+    allowed = torch.zeros(256, dtype=torch.bool)
+    if lo < 0:
+        allowed[0x00:0x80] = True
+        allowed[0xC2:0xF5] = True
+        if no_control:
+            allowed[0x00:0x20] = False
+    else:
+        allowed[lo : hi + 1] = True
+    return _pack(allowed)
+
+
+# lead byte -> (continuation bytes still needed, allowed range of the next one)
+_UTF8_LEAD: dict[int, tuple[int, int, int]] = {}
+for _b in range(0xC2, 0xE0):
+    _UTF8_LEAD[_b] = (1, 0x80, 0xBF)
+for _b in range(0xE0, 0xF0):
+    _UTF8_LEAD[_b] = (2, 0xA0 if _b == 0xE0 else 0x80, 0x9F if _b == 0xED else 0xBF)
+for _b in range(0xF0, 0xF5):
+    _UTF8_LEAD[_b] = (3, 0x90 if _b == 0xF0 else 0x80, 0x8F if _b == 0xF4 else 0xBF)
+
+
+class _Utf8State:
+    __slots__ = ("need", "lo", "hi")
+
+    def __init__(self) -> None:
+        self.need, self.lo, self.hi = 0, -1, -1
+
+    def advance(self, token_id: int) -> None:
+        if not 0 <= token_id < 256:
+            return
+        if self.need > 0:
+            self.need -= 1
+            self.lo, self.hi = (0x80, 0xBF) if self.need else (-1, -1)
+        elif token_id in _UTF8_LEAD:
+            self.need, self.lo, self.hi = _UTF8_LEAD[token_id]
+
+
 class StructuredBatch:
     """Per-request grammar matchers for one batch (None for unconstrained requests)."""
 
@@ -101,7 +158,17 @@ class StructuredBatch:
         if any(s is not None for s in specs):
             cache = GrammarCompilerCache.for_tokenizer(tokenizer)
             self.matchers = [None if s is None else cache.matcher(s) for s in specs]
+        self.json_rows = [s is not None and grammar_key(s)[0] == "json_schema" for s in specs]
+        self.utf8 = [_Utf8State() for _ in specs]
         self._mask = torch.full((len(specs), self.words), -1, dtype=torch.int32)
+        self._guards: dict[tuple[int, int, bool], torch.Tensor] = {}
+
+    def _guard(self, b: int) -> torch.Tensor:
+        st = self.utf8[b]
+        key = (st.lo, st.hi, self.json_rows[b])
+        if key not in self._guards:
+            self._guards[key] = _byte_guard_words(*key)
+        return self._guards[key]
 
     @property
     def active(self) -> bool:
@@ -117,13 +184,24 @@ class StructuredBatch:
             if m is None or (done is not None and done[b]) or m.is_terminated():
                 continue
             m.fill_next_token_bitmask(self._mask, b)
+            grammar_row = self._mask[b].clone()
+            self._mask[b, :8] &= self._guard(b)
+            if self.utf8[b].need > 0:
+                self._mask[b, 8:] = 0  # no special token inside a UTF-8 character
+            if not bool((self._mask[b] != 0).any()):
+                self._mask[b] = grammar_row
             any_row = True
         return self._mask.clone() if any_row else None
 
     def accept(self, b: int, token_id: int) -> bool:
         """Advance row b's matcher; True if accepted (always True for unconstrained rows)."""
         m = self.matchers[b]
-        return True if m is None else bool(m.accept_token(int(token_id)))
+        if m is None:
+            return True
+        ok = bool(m.accept_token(int(token_id)))
+        if ok:
+            self.utf8[b].advance(int(token_id))
+        return ok
 
     def terminated(self, b: int) -> bool:
         m = self.matchers[b]

@@ -5,12 +5,13 @@
   "broken_fast"      the fast path silently does not fire at batch 4 (the PR #53396 trap);
   "kernel_raises"    the kernel's fast call raises (an error row, not a crash);
 Set FASTPATH_DOUBLE_INTERRUPT=1 to make the kernel's fast call raise KeyboardInterrupt (Ctrl-C
-mid-run); an environment variable, not a mode, so the same spec can be resumed afterwards.
+mid-run), or =term to send this process SIGTERM; an environment variable, not a mode, so the same spec can be resumed afterwards.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -28,8 +29,11 @@ class DoubleKernel:
     def fast(self, x: list[float]) -> list[float]:
         if self.mode == "kernel_raises":
             raise RuntimeError("planted: fast kernel crashed")
-        if os.environ.get("FASTPATH_DOUBLE_INTERRUPT") == "1":
+        interrupt = os.environ.get("FASTPATH_DOUBLE_INTERRUPT")
+        if interrupt == "1":
             raise KeyboardInterrupt
+        if interrupt == "term":  # a time limit killing the run
+            os.kill(os.getpid(), signal.SIGTERM)
         return [2.0 * v for v in x]
 
     def oracle(self, x: list[float]) -> list[float]:

@@ -86,6 +86,7 @@ class DoubleModel:
         self.dtype = torch.float32 if path == "oracle" else dtype
         self.w = {k: v.to(self.dtype) if k != "decay" else v for k, v in _weights().items()}
         self._graphs: set[int] = set()
+        self._prefix_cache: dict = {}
 
     # ---- math --------------------------------------------------------------------------
     def _std_forward(self, tok: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,6 +143,16 @@ class DoubleModel:
 
     def _prefill(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         self._refuse("prefill", batch=1, context=len(ids))
+        key = tuple(ids)
+        if key in self._prefix_cache:  # prefix cache: the same prompt is prefilled once
+            rows, s = self._prefix_cache[key]
+            return rows.clone(), s.clone()
+        rows, s = self._prefill_uncached(ids)
+        if len(self._prefix_cache) < 256:
+            self._prefix_cache[key] = (rows.clone(), s.clone())
+        return rows, s
+
+    def _prefill_uncached(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         s = torch.zeros(1, D)
         logits = None
         rows = []
@@ -151,17 +162,16 @@ class DoubleModel:
         return torch.cat(rows), s
 
     # ---- protocol ----------------------------------------------------------------------
-    def score(self, token_ids: list[list[int]]) -> list[torch.Tensor]:
+    def score(self, token_ids: list[list[int]], decode_from: list[int] | None = None) -> list[torch.Tensor]:
+        """Teacher forcing: positions >= decode_from[b] go through decode steps (the fast path
+        on the fast model), earlier ones are prefilled (docs/architecture.md)."""
         out = []
-        for ids in token_ids:
-            if self.path != "fast":
-                rows, _ = self._prefill(ids)
-                out.append(rows)
-                continue
-            rows, s = self._prefill(ids[:1])
+        for b, ids in enumerate(token_ids):
+            start = len(ids) if decode_from is None else max(1, int(decode_from[b]))
+            rows, s = self._prefill(ids[:start])
             rows = [rows]
-            for i, t in enumerate(ids[1:]):
-                logits, s, _ = self._step(torch.tensor([t]), s, i + 1)
+            for i in range(start, len(ids)):
+                logits, s, _ = self._step(torch.tensor([ids[i]]), s, i)
                 rows.append(logits)
             out.append(torch.cat(rows))
         return out

@@ -18,6 +18,9 @@ Pieces (each in its own try/except; a missing package is recorded as a skip with
    matmul: max error vs fp32, µs, % of copy bandwidth.
 
 Timings: CUDA-graph capture of ``iters`` back-to-back calls, median over ``reps`` replays.
+
+``GPU_ATTN_CHECK_SMOKE=1`` runs the same code paths on CPU (Triton interpreter, fp16, tiny
+shapes, wall-clock "timings") — a dry run of this script, not a measurement.
 """
 
 from __future__ import annotations
@@ -30,7 +33,15 @@ import sys
 import time
 import traceback
 
-import torch
+SMOKE = os.environ.get("GPU_ATTN_CHECK_SMOKE") == "1"
+if SMOKE:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+
+DEV = "cpu" if SMOKE else "cuda"
+DT = torch.float16 if SMOKE else torch.bfloat16
+SM = 132 if SMOKE else None
 
 RESULTS: dict = {"pieces": {}, "errors": {}, "skips": {}}
 T0 = time.time()
@@ -42,6 +53,10 @@ def log(*a):
 
 def bench(fn, iters: int = 20, reps: int = 7) -> float:
     """µs per call: CUDA graph of ``iters`` calls, median of ``reps`` replays (eager fallback)."""
+    if SMOKE:
+        t = time.perf_counter()
+        fn(0)
+        return (time.perf_counter() - t) * 1e6
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -97,8 +112,8 @@ def piece(name):
 
 @piece("copy_bw")
 def copy_bandwidth():
-    n = 2 * 1024 ** 3
-    src = torch.empty(n, dtype=torch.uint8, device="cuda")
+    n = 2 ** 20 if SMOKE else 2 * 1024 ** 3
+    src = torch.empty(n, dtype=torch.uint8, device=DEV)
     dst = torch.empty_like(src)
     us = bench(lambda i: dst.copy_(src), iters=5, reps=5)
     bw = 2 * n / (us * 1e-6)
@@ -119,10 +134,11 @@ def check_kda():
     from optimized_model.k3.fast.kernels import kda_decode as kda
 
     rows = []
-    H, K, V = 32, 128, 128
-    for B in (1, 2, 4, 8, 16, 32, 64):
+    H, K, V = (2, 16, 16) if SMOKE else (32, 128, 128)
+    sms = SM or torch.cuda.get_device_properties(0).multi_processor_count
+    for B in (1, 2) if SMOKE else (1, 2, 4, 8, 16, 32, 64):
         shape = dict(batch=B, heads=H, head_k=K, head_v=V)
-        inp = kda.make_inputs(shape, "normal", torch.bfloat16, "cuda", seed=B)
+        inp = kda.make_inputs(shape, "normal", DT, DEV, seed=B)
         fo, so, oo = kda.fast(**inp), kda.standard(**inp), kda.oracle(**inp)
         e_fast = [maxerr(a, b) for a, b in zip(fo, oo)]
         e_std = [maxerr(a, b) for a, b in zip(so, oo)]
@@ -135,23 +151,26 @@ def check_kda():
         args = [st[n] for n in names]
         kw = dict(num_heads=H, head_k=K, head_v=V)
         t_fast = bench(lambda i: kda.kda_decode(*args, **kw))
-        t_bv = {bv: bench(lambda i, bv=bv: kda.kda_decode(*args, **kw, block_v=bv)) for bv in (32, 64, 128)}
+        t_bv = {bv: bench(lambda i, bv=bv: kda.kda_decode(*args, **kw, block_v=bv))
+                for bv in ((8, 16) if SMOKE else (32, 64, 128))}
         t_std = bench(lambda i: kda.standard(**st))
-        from fla.ops.kda import fused_recurrent_kda
+        t_fla = float("nan")
+        if not SMOKE:  # fla's Triton kernel does not run on CPU
+            from fla.ops.kda import fused_recurrent_kda
 
-        q4 = torch.nn.functional.normalize(torch.randn(B, 1, H, K, device="cuda"), dim=-1).bfloat16()
-        k4 = torch.nn.functional.normalize(torch.randn(B, 1, H, K, device="cuda"), dim=-1).bfloat16()
-        v4 = torch.randn(B, 1, H, V, device="cuda").bfloat16()
-        g4 = torch.randn(B, 1, H, K, device="cuda").bfloat16()
-        b4 = torch.randn(B, 1, H, device="cuda").bfloat16()
-        S = st["state"]
-        t_fla = bench(lambda i: fused_recurrent_kda(
-            q4, k4, v4, g4, b4, A_log=st["A_log"], dt_bias=st["dt_bias"], initial_state=S,
-            output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
-            use_beta_sigmoid_in_kernel=True, lower_bound=-5.0))
+            q4 = torch.nn.functional.normalize(torch.randn(B, 1, H, K, device=DEV), dim=-1).to(DT)
+            k4 = torch.nn.functional.normalize(torch.randn(B, 1, H, K, device=DEV), dim=-1).to(DT)
+            v4 = torch.randn(B, 1, H, V, device=DEV).to(DT)
+            g4 = torch.randn(B, 1, H, K, device=DEV).to(DT)
+            b4 = torch.randn(B, 1, H, device=DEV).to(DT)
+            S = st["state"]
+            t_fla = bench(lambda i: fused_recurrent_kda(
+                q4, k4, v4, g4, b4, A_log=st["A_log"], dt_bias=st["dt_bias"], initial_state=S,
+                output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                use_beta_sigmoid_in_kernel=True, lower_bound=-5.0))
         nbytes = 2 * B * H * K * V * 4
         row = dict(batch=B, err_fast=e_fast, err_std=e_std, noise_floor_ok=ok, deterministic=det,
-                   block_v_auto=kda.choose_block_v(B, H, V, torch.cuda.get_device_properties(0).multi_processor_count),
+                   block_v_auto=kda.choose_block_v(B, H, V, sms),
                    us_fast=t_fast, us_fast_by_block_v=t_bv, us_standard=t_std, us_fla_recurrence=t_fla,
                    state_bytes=nbytes, pct_copy_bw_fast=pct_bw(nbytes, t_fast),
                    speedup_vs_standard=t_std / t_fast)
@@ -167,33 +186,44 @@ def check_mla():
     from optimized_model.k3.fast.kernels import mla_decode as mla
 
     rows = []
-    H, D = 32, 512
-    for T in (1024, 8192, 32768):
-        for B in (1, 8, 64):
+    H, D = (2, 16) if SMOKE else (32, 512)
+    sms = SM or torch.cuda.get_device_properties(0).multi_processor_count
+    for T in (40, 300) if SMOKE else (1024, 8192, 32768):
+        for B in (1, 3) if SMOKE else (1, 8, 64):
             shape = dict(batch=B, heads=H, latent=D, context=T)
-            inp = mla.make_inputs(shape, "normal", torch.bfloat16, "cuda", seed=T + B)
+            inp = mla.make_inputs(shape, "normal", DT, DEV, seed=T + B)
             fo, so, oo = mla.fast(**inp), mla.standard(**inp), mla.oracle(**inp)
             e_fast, e_std = maxerr(fo, oo), maxerr(so, oo)
             ok = e_fast <= max(8e-3, 2 * e_std)
             det = torch.equal(fo, mla.fast(**inp))
-            minp = mla.make_inputs(shape, "masked", torch.bfloat16, "cuda", seed=1)
+            minp = mla.make_inputs(shape, "masked", DT, DEV, seed=1)
             e_mask = maxerr(mla.fast(**minp), mla.oracle(**minp))
             e_mask_std = maxerr(mla.standard(**minp), mla.oracle(**minp))
             del oo, so, minp
             q, cache, lengths = inp["q"], inp["cache"], inp["lengths"]
-            t_fast = bench(lambda i: mla.mla_decode(q, cache, lengths, scale=inp["scale"], max_len=T))
+            t_bh, e_bh = {}, {}
+            for bh in (16, 32):  # head block: 32 reads the latent once for all 32 heads
+                e_bh[bh] = maxerr(mla.mla_decode(q, cache, lengths, scale=inp["scale"], max_len=T,
+                                                 block_h=bh), fo)
+                t_bh[bh] = bench(lambda i, bh=bh: mla.mla_decode(q, cache, lengths, scale=inp["scale"],
+                                                                 max_len=T, block_h=bh))
+            t_fast = t_bh[16]
             t_std = bench(lambda i: mla.standard(**inp), iters=5, reps=5)
-            ns = mla.choose_splits(B, 2, T, torch.cuda.get_device_properties(0).multi_processor_count)
+            ns = mla.choose_splits(B, math.ceil(H / 16), T, sms)
             nbytes = B * T * D * 2
             row = dict(batch=B, context=T, num_splits=ns, err_fast=e_fast, err_std=e_std,
                        err_fast_masked=e_mask, err_std_masked=e_mask_std, noise_floor_ok=ok,
-                       deterministic=det, us_fast=t_fast, us_standard=t_std,
+                       deterministic=det, us_fast=t_fast, us_by_block_h=t_bh,
+                       diff_by_block_h=e_bh, pct_copy_bw_block_h32=pct_bw(nbytes, t_bh[32]),
+                       us_standard=t_std,
                        pct_copy_bw_fast=pct_bw(nbytes, t_fast), speedup_vs_standard=t_std / t_fast)
             log(f"  T={T:5d} B={B:2d} splits={ns:2d} err {e_fast:.2e} (std {e_std:.2e}) masked {e_mask:.2e} "
-                f"ok={ok} det={det} | fast {t_fast:.1f}us ({row['pct_copy_bw_fast']:.0f}% bw) std {t_std:.1f}us")
+                f"ok={ok} det={det} | fast {t_fast:.1f}us ({row['pct_copy_bw_fast']:.0f}% bw) "
+                f"bh32 {t_bh[32]:.1f}us (diff {e_bh[32]:.1e}) std {t_std:.1f}us")
             rows.append(row)
             del inp, q, cache
-            torch.cuda.empty_cache()
+            if not SMOKE:
+                torch.cuda.empty_cache()
     return rows
 
 
@@ -212,12 +242,12 @@ def check_gemv():
         log("  cute unavailable:", why)
     l2 = 50 * 1024 ** 2
     rows = []
-    for N, K in ((14336, 4096), (4096, 4096)):
+    for N, K in ((48, 64),) if SMOKE else ((14336, 4096), (4096, 4096)):
         wbytes = N * K * 2
-        ncopy = max(2, math.ceil(4 * l2 / wbytes))
-        ws = [torch.randn(N, K, device="cuda").mul_(K ** -0.5).bfloat16() for _ in range(ncopy)]
+        ncopy = 2 if SMOKE else max(2, math.ceil(4 * l2 / wbytes))
+        ws = [torch.randn(N, K, device=DEV).mul_(K ** -0.5).to(DT) for _ in range(ncopy)]
         for M in (1, 2):
-            x = torch.randn(M, K, device="cuda").bfloat16()
+            x = torch.randn(M, K, device=DEV).to(DT)
             ref = x.float() @ ws[0].float().t()
             row = dict(m=M, n=N, k=K, weight_copies=ncopy)
             e_std = maxerr(x @ ws[0].t(), ref)
@@ -252,7 +282,8 @@ def check_gemv():
                                 for k_, v_ in row.items() if k_ != "cute_sweep"))
             rows.append(row)
         del ws
-        torch.cuda.empty_cache()
+        if not SMOKE:
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -266,8 +297,9 @@ def table() -> str:
                      f"err {r['err_fast'][0]:.1e}<=2x{r['err_std'][0]:.1e} ok={r['noise_floor_ok']}")
     for r in RESULTS["pieces"].get("mla_decode") or []:
         lines.append(f"MLA  T={r['context']:<5d} B={r['batch']:<2d} S={r['num_splits']:<2d} fast {r['us_fast']:8.1f}us "
-                     f"({r['pct_copy_bw_fast']:3.0f}%bw) std {r['us_standard']:8.1f}us x{r['speedup_vs_standard']:.2f} "
-                     f"ok={r['noise_floor_ok']}")
+                     f"({r['pct_copy_bw_fast']:3.0f}%bw) bh32 {r['us_by_block_h'][32]:8.1f}us "
+                     f"({r['pct_copy_bw_block_h32']:3.0f}%bw) std {r['us_standard']:8.1f}us "
+                     f"x{r['speedup_vs_standard']:.2f} ok={r['noise_floor_ok']}")
     for r in RESULTS["pieces"].get("dense_gemv") or []:
         def f(k_):
             return f"{r[k_]:6.1f}" if k_ in r else "   n/a"
@@ -282,10 +314,11 @@ def table() -> str:
 
 
 def main() -> int:
-    if not torch.cuda.is_available():
-        print("gpu_attn_check: no CUDA device — nothing to measure (this script is for the GPU machine)")
+    if not torch.cuda.is_available() and not SMOKE:
+        print("gpu_attn_check: no CUDA device — nothing to measure (this script is for the GPU "
+              "machine; GPU_ATTN_CHECK_SMOKE=1 dry-runs it on CPU)")
         return 2
-    RESULTS["device"] = torch.cuda.get_device_name(0)
+    RESULTS["device"] = "cpu (smoke dry run)" if SMOKE else torch.cuda.get_device_name(0)
     RESULTS["torch"] = torch.__version__
     try:
         import triton

@@ -107,7 +107,11 @@ def refuse_all(reason: str, **shape: Any) -> None:
 
 
 def decide(batch: int, context: int, kind: str = "decode") -> str | None:
-    """Pure decision (no trace): None if the step is in scope, else the refusal reason."""
+    """Pure decision (no trace): None if the step is in scope, else the refusal reason.
+
+    In scope: a decode step of 1 ..= max(scope.batch_sizes) sequences (a batch between two
+    listed sizes, e.g. 3, runs too: graphs are captured per actual batch) at a context within
+    ``features.max_context``, where the fast kernels can run."""
     if kind != "decode":
         return KIND_REASONS.get(kind, kind)
     sc = scope()

@@ -52,7 +52,8 @@ _FALLBACK = {
     "kda_decode": [r"fused_recurrent_kda", r"chunk_kda", r"fused_recurrent_fwd"],
     "mla_decode": [r"(?i)^(?!fp_).*softmax", r"(?i)flash_fwd|fmha|efficient_attention"],
     "moe_router": [r"(?i)^(?!fp_).*(gatherTopK|sortKeyValueInplace|topk)"],
-    "moe_experts": [r"(?i)^(?!fp_).*(grouped_mm|indexSelect|index_select|scatter_add|radixSort)"],
+    # (not index_select: the fast step's embedding gather is one)
+    "moe_experts": [r"(?i)^(?!fp_).*(grouped_mm|scatter_add|radixSort|RadixSort)"],
     "norm_residual": [r"(?i)^(?!fp_).*(rms_norm|layer_norm)"],
     "sampler": [r"(?i)^(?!fp_).*(gatherTopK|radixSort|exponential|multinomial)"],
     "decode_graph": [],

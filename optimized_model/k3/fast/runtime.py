@@ -152,6 +152,12 @@ class FastDecoder:
         """One gemv launch with this call site's tuning entry and split-K scratch."""
         M = x.shape[0]
         N = w.shape[0] // 2 if kw.get("epilogue") == "swiglu" else w.shape[0]
+        if not kw and self.on_cuda and tuning.variant("gemv_plain", M, device=self.device) == "cute":
+            from .kernels import cute_gemv
+
+            if cute_gemv.supports(x, w)[0] and out.is_contiguous():
+                cute_gemv.gemv(x, w, out=out)
+                return {"variant": "cute"}
         cfg = self._cfg(M, N, x.shape[-1])
         scratch = None
         if int(cfg.get("SPLIT_K", 1)) > 1 and "groups" not in kw:
@@ -376,7 +382,8 @@ class FastDecoder:
         def sample():
             sample_tensors(bufs["logits"], s_temp, s_topk, s_topp, s_noise, None,
                            n_valid=self.cfg.n_real_tokens, out_tokens=s_tok, out_logprobs=s_lp)
-            trace.engaged("sampler", self.sampler.variant, batch=batch, vocab=V)
+            trace.engaged("sampler", self.sampler.variant + ("" if self.on_cuda else "_interp"),
+                          batch=batch, vocab=V)
 
         if self.use_graphs:
             with torch.inference_mode():

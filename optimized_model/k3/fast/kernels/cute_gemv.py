@@ -177,6 +177,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, out: torch.Tensor | None = No
     N = weight.shape[0]
     if out is None:
         out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    elif out.shape != (M, N) or not out.is_contiguous() or out.dtype != x.dtype:
+        # the compiled kernel is specialised on a contiguous [M, N] output layout
+        raise RuntimeError(f"cute gemv: out must be a contiguous [{M}, {N}] {x.dtype} tensor")
     trace.engaged(COMPONENT, VARIANT, m=M, n=N, k=K)
     import cuda.bindings.driver as cuda_drv  # installed with nvidia-cutlass-dsl
 

@@ -37,10 +37,10 @@ EPILOGUES = {"none": 0, "residual": 1, "swiglu": 2, "sigmoid_gate": 3}
 @triton.jit
 def fp_gemv_kernel(
     X, W, Y, R, NW, WS, CNT,
-    M, N, eps,
+    M, N, N_TILES, eps,
     stride_xm, stride_xs, stride_wn, stride_ym, stride_rm,
     stride_xg, stride_wg, stride_yg, stride_rg,
-    K: tl.constexpr, K_SPLIT: tl.constexpr, N_TILES: tl.constexpr,
+    K: tl.constexpr, K_SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, XSLOTS: tl.constexpr, NORM: tl.constexpr,
     EPI: tl.constexpr, USE_DOT: tl.constexpr,
@@ -229,19 +229,36 @@ def gemv(
     fp_gemv_kernel[grid](
         x, w, out, aux if aux is not None else out, norm_weight if norm_weight is not None else w,
         ws, cnt,
-        M, N, float(eps),
+        M, N, n_tiles, float(eps),
         x.stride(0), stride_xs, w.stride(0), out.stride(0), aux.stride(0) if aux is not None else 0,
         sxg, swg, syg, srg,
-        K=K, K_SPLIT=k_split, N_TILES=n_tiles,
+        K=K, K_SPLIT=k_split,
         BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, SPLIT_K=split, XSLOTS=slots,
         NORM=norm_weight is not None, EPI=epi, USE_DOT=use_dot,
-        num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 3)),
+        num_warps=int(cfg.get("num_warps", 4)), num_stages=_stages(cfg, BM, BN, BK, slots, epi, x, w, use_dot),
     )
     return out
 
 
+SMEM_BUDGET = 200 * 1024  # H100/H200: 227 KB per block; keep a margin
+
+
+def _stages(cfg, BM, BN, BK, slots, epi, x, w, use_dot) -> int:
+    """Pipeline depth: the table's, lowered until the tl.dot operand buffers fit in shared memory
+    (the slot-sum prologue multiplies the x tile by the number of slots)."""
+    stages = int(cfg.get("num_stages", 3))
+    if not use_dot:
+        return stages
+    per_stage = BM * BK * x.element_size() * slots + BN * BK * w.element_size() * (2 if epi == 2 else 1)
+    while stages > 1 and (stages - 1) * per_stage > SMEM_BUDGET:
+        stages -= 1
+    return stages
+
+
 def variant_name(M: int, cfg: dict) -> str:
-    """Trace variant label: small_m | tiled, with split-K."""
+    """Trace variant label: small_m | tiled, with split-K (or "cute" for the CuTe twin)."""
+    if cfg.get("variant") == "cute":
+        return "cute"
     bm = int(cfg.get("BLOCK_M") or min(_pow2_at_least(M), 64))
     base = "tiled" if bm >= 16 else "small_m"
     sk = int(cfg.get("SPLIT_K", 1))

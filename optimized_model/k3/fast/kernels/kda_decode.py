@@ -379,10 +379,10 @@ def make_inputs(shape: dict, value_class: str = "normal", dtype: Any = torch.flo
 def kernel_entry(device: Any = None) -> KernelSpec:
     on_cuda = str(device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
     if on_cuda:
-        hk = dict(heads=16, head_k=128, head_v=128)
+        hk = dict(heads=32, head_k=128, head_v=128)
         shapes = [dict(batch=bs, **hk) for bs in (1, 2, 4, 8, 16, 32, 64)]
-        shapes += [dict(batch=3, **hk), dict(batch=5, heads=16, head_k=128, head_v=128, conv_len=4),
-                   dict(batch=1, heads=16, head_k=128, head_v=128, block_v=32),
+        shapes += [dict(batch=3, **hk), dict(batch=5, heads=32, head_k=128, head_v=128, conv_len=4),
+                   dict(batch=1, heads=32, head_k=128, head_v=128, block_v=32),
                    dict(batch=7, heads=3, head_k=96, head_v=80)]
     else:  # Triton interpreter: small heads
         hk = dict(heads=2, head_k=16, head_v=16)

@@ -20,7 +20,7 @@ Kernels:
   exp(lse_s - max lse).
 
 The split count NS (``choose_splits``) comes from the batch, the head blocks and the context
-bound so that long contexts fill the GPU (>= 2 waves of programs) while each split keeps >= 256
+bound so that long contexts fill the GPU (~4 waves of programs) while each split keeps >= 128
 positions. Empty splits (beyond a sequence's length) exit with lse = -inf. Under a CUDA graph,
 ``max_len`` (the context bound the graph was captured for) fixes NS and the split ranges.
 
@@ -50,9 +50,9 @@ COMPONENT = "mla_decode"
 def mla_decode_split_kernel(
     q, cache, lengths, out, o_part, lse_part,
     sq_b, sq_h, sc_b, sc_t, so_b, so_h,
-    scale, split_len, length_offset,
+    scale, split_len, length_offset, NS,
     H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BH: tl.constexpr, BT: tl.constexpr,
-    NS: tl.constexpr, IEEE: tl.constexpr, n_tiles: tl.constexpr,
+    DIRECT: tl.constexpr, IEEE: tl.constexpr, n_tiles: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
@@ -98,7 +98,7 @@ def mla_decode_split_kernel(
 
     has = l_i > 0
     o = acc / tl.where(has, l_i, 1.0)[:, None]
-    if NS == 1:
+    if DIRECT:  # one split: the final output
         tl.store(out + b * so_b + oh[:, None] * so_h + od[None, :], o.to(out.dtype.element_ty),
                  mask=mh[:, None] & md[None, :])
     else:
@@ -110,8 +110,8 @@ def mla_decode_split_kernel(
 
 @triton.jit
 def mla_decode_combine_kernel(
-    o_part, lse_part, out, so_b, so_h,
-    H: tl.constexpr, D: tl.constexpr, NS: tl.constexpr, BS: tl.constexpr, BDC: tl.constexpr,
+    o_part, lse_part, out, so_b, so_h, NS,
+    H: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BDC: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -144,11 +144,12 @@ def _sm_count(device: torch.device) -> int:
 
 
 def choose_splits(batch: int, head_blocks: int, max_len: int, sm_count: int = 132,
-                  min_chunk: int = 256, max_splits: int = 64) -> int:
-    """Split count: enough programs for 2 waves of SMs, each split >= ``min_chunk`` positions."""
+                  min_chunk: int = 128, max_splits: int = 128, waves: int = 4) -> int:
+    """Split count: enough programs for ``waves`` waves of SMs (one 8-warp program per SM at a
+    time hides little latency), each split >= ``min_chunk`` positions, at most ``max_splits``."""
     if max_len <= min_chunk:
         return 1
-    want = math.ceil(2 * sm_count / max(batch * head_blocks, 1))
+    want = math.ceil(waves * sm_count / max(batch * head_blocks, 1))
     return int(max(1, min(want, math.ceil(max_len / min_chunk), max_splits)))
 
 
@@ -188,15 +189,15 @@ def mla_decode(
     mla_decode_split_kernel[(B, NS, HB)](
         q, cache, lengths, out, o_part, lse_part,
         q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), out.stride(0), out.stride(1),
-        float(scale), int(split_len), int(length_offset),
-        H=H, D=D, BD=BD, BH=BH, BT=BT, NS=NS, IEEE=ieee, n_tiles=split_len // BT,
+        float(scale), int(split_len), int(length_offset), NS,
+        H=H, D=D, BD=BD, BH=BH, BT=BT, DIRECT=NS == 1, IEEE=ieee, n_tiles=split_len // BT,
         num_warps=8 if BD >= 256 else 4, num_stages=2,
     )
     if NS > 1:
         mla_decode_combine_kernel[(B, H)](
-            o_part, lse_part, out, out.stride(0), out.stride(1),
-            H=H, D=D, NS=NS, BS=max(2, triton.next_power_of_2(NS)), BDC=min(BD, 128),
-            num_warps=4,
+            o_part, lse_part, out, out.stride(0), out.stride(1), NS,
+            H=H, D=D, BS=max(2, triton.next_power_of_2(NS)), BDC=min(BD, 128),
+            num_warps=4 if NS <= 32 else 8,
         )
     return out
 

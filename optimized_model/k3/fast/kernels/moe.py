@@ -72,9 +72,16 @@ def fp_moe_router_kernel(X, NW, RW, RB, IDS, WOUT, eps, scaling, stride_xm,
 
 
 @triton.jit
+def _count_of_expert(IDS, e, P, BLOCK_P: tl.constexpr):
+    """Number of (token, slot) pairs routed to expert e."""
+    rp = tl.arange(0, BLOCK_P)
+    ids = tl.load(IDS + rp, mask=rp < P, other=-1)
+    return tl.sum((ids == e).to(tl.int32), axis=0)
+
+
+@triton.jit
 def _pairs_of_expert(IDS, e, s0, P, BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr):
-    """The s0..s0+BLOCK_T-th (token, slot) pairs routed to expert e (pair index, valid mask),
-    and the number of such pairs."""
+    """The s0..s0+BLOCK_T-th (token, slot) pairs routed to expert e: (pair index, valid mask)."""
     rp = tl.arange(0, BLOCK_P)
     ids = tl.load(IDS + rp, mask=rp < P, other=-1)
     sel = ids == e
@@ -84,7 +91,7 @@ def _pairs_of_expert(IDS, e, s0, P, BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr
     rs = s0 + tl.arange(0, BLOCK_T)
     hit = sel[None, :] & (pos[None, :] == rs[:, None])
     pair = tl.sum(tl.where(hit, rp[None, :], 0), axis=1)
-    return pair, rs < count, count
+    return pair, rs < count
 
 
 @triton.jit
@@ -97,12 +104,12 @@ def fp_moe_experts_up_kernel(LAT, IDS, W13, H, P, stride_lm, stride_we, stride_w
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = rn < I
     rk = tl.arange(0, BLOCK_K)
-    _, _, count = _pairs_of_expert(IDS, e, 0, P, BLOCK_P, BLOCK_T)
+    count = _count_of_expert(IDS, e, P, BLOCK_P)
     if count > 0:
         wbase = W13 + e.to(tl.int64) * stride_we
         for s0 in tl.static_range(0, MAX_T, BLOCK_T):
             if s0 < count:
-                pair, t_ok, _ = _pairs_of_expert(IDS, e, s0, P, BLOCK_P, BLOCK_T)
+                pair, t_ok = _pairs_of_expert(IDS, e, s0, P, BLOCK_P, BLOCK_T)
                 tok = pair // TOPK
                 acc_g = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
                 acc_u = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
@@ -139,12 +146,12 @@ def fp_moe_experts_down_kernel(Hb, IDS, RWT, W2, O, P, stride_hp, stride_we, str
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = rn < L
     rk = tl.arange(0, BLOCK_K)
-    _, _, count = _pairs_of_expert(IDS, e, 0, P, BLOCK_P, BLOCK_T)
+    count = _count_of_expert(IDS, e, P, BLOCK_P)
     if count > 0:
         wbase = W2 + e.to(tl.int64) * stride_we
         for s0 in tl.static_range(0, MAX_T, BLOCK_T):
             if s0 < count:
-                pair, t_ok, _ = _pairs_of_expert(IDS, e, s0, P, BLOCK_P, BLOCK_T)
+                pair, t_ok = _pairs_of_expert(IDS, e, s0, P, BLOCK_P, BLOCK_T)
                 acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
                 for k0 in range(0, I, BLOCK_K):
                     kk = k0 + rk

@@ -1,32 +1,35 @@
-"""Fused Triton sampler of the K3-mini fast path (component ``sampler``).
+"""Fused Triton sampler of the K3-mini fast path (component ``sampler``, kernel ``fp_sampler_kernel``).
 
-One program per row (request). The row is streamed in chunks of ``BLOCK`` ids, so any vocab
-size works (no whole-row register tile, no sort). The rules are exactly the standard sampler's
-(``optimized_model/k3/sampling.py``, docs/architecture.md "Sampling contract"):
+One program per row (request); the whole row is one register tile (``BLOCK`` = next power of
+two >= V, up to ``MAX_VOCAB``; K3-mini's padded vocab is 320; larger vocabularies are refused
+with ``refused("sampler", "vocab_out_of_scope")`` and the standard sampler runs). No sort. The
+rules are exactly the standard sampler's (``optimized_model/k3/sampling.py``,
+docs/architecture.md "Sampling contract"):
 
-1. pass: x = logits masked by the grammar bitmask and the padding limit (``n_valid``), divided
-   by the temperature (1 for greedy rows); running max and its lowest id (= greedy token).
+1. x = logits masked by the grammar bitmask and the padding limit (``n_valid``), divided by the
+   temperature (1 for greedy rows); max and its lowest id (= the greedy token).
 2. top-k (0 < k < V): the k-th largest x is found WITHOUT sorting by an exact bisection over
-   the order-preserving int32 image of fp32 values (``key = bits ^ 0x7fffffff`` for negatives):
-   the largest key t with count(key >= t) >= k. 32 halvings of the int32 range are exact, each
-   a streaming count over the row. Keep x >= that value (boundary ties kept).
-3. softmax over the kept ids (max from pass 1, which top-k never removes).
+   the order-preserving int image of fp32 values (``bits ^ 0x7fffffff`` for negatives): the
+   largest key t with count(key >= t) >= k. 32 halvings of the int32 range are exact (each a
+   compare + sum over the tile). Keep x >= that value (boundary ties kept).
+3. softmax over the kept ids (the max from step 1 is never removed by top-k).
 4. top-p (p < 1): the same exact bisection over the int32 bit patterns of the (non-negative)
-   probabilities: the largest probability value t with sum(p >= t) >= top_p; keep p >= t.
-   If rounding leaves the total mass below top_p, nothing moves and everything is kept.
+   probabilities: the largest probability value t with sum(p >= t) >= top_p; keep p >= t
+   (boundary ties kept). If rounding leaves the total mass below top_p, everything is kept.
 5. renormalise, then the exponential race: token = argmax(where(q > 0, q / E, -1)), lowest id
-   on ties, with E the request's Exp(1) noise row drawn on the CPU (same as the standard path);
-   logprob = log(q[token]) (greedy rows: log_softmax(x)[token]).
+   on ties, with E the request's Exp(1) noise row drawn on the CPU (the same E as the standard
+   path); logprob = log(q[token]) (greedy rows: log_softmax(x)[token]).
 
-Cost: ~2 + 32·[top-k] + 32·[top-p] + 2 streaming passes over a row that stays in L1/L2; the
-step is launched once for the whole batch (B programs). On CPU it runs under Triton's
-interpreter (TRITON_INTERPRET=1, fp32 only). The ``@triton.jit`` decoration is deferred to the
-first launch so that the interpreter switch set by the engine (or a test) before that launch
-takes effect even when this module was imported earlier.
+Cost per row: one read of logits/noise/bitmask, then register-only work: 32 reductions per
+active threshold. The whole batch is one launch (B programs), graph-capturable with static
+buffers (``sample_tensors``). On CPU it runs under Triton's interpreter (TRITON_INTERPRET=1,
+fp32). The ``@triton.jit`` decoration is deferred to the first launch so that the interpreter
+switch set by the engine (or a test) before that launch takes effect even when this module was
+imported earlier.
 
-Tokens agree with the standard sampler except at exact float near-ties (the two paths sum
-probabilities in different orders, so a top-p boundary within ~1 ulp, or two race scores within
-~1 ulp, can resolve differently).
+Tokens agree with the standard sampler except at float near-ties: the two paths sum
+probabilities in different orders (and on GPU ``tl.exp`` is not bit-identical to torch's exp),
+so a top-p boundary or two race scores within ~1 ulp of each other can resolve differently.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ import triton.language as tl
 
 from fastpath import trace
 
-from ...sampling import SamplingParams, draw_noise, final_probs, sample_reference
+from ...sampling import Sampler, SamplingParams, draw_noise, sample_batched, sample_reference
 from .entry import KernelSpec
 
 KERNEL_NAME = "fp_sampler_kernel"
@@ -51,28 +54,6 @@ _INT32_MAX = tl.constexpr(2147483647)
 # --------------------------------------------------------------------------------------------
 # Triton source (decorated lazily by _kernels()).
 # --------------------------------------------------------------------------------------------
-def fp_sampler_load(logits_ptr, bitmask_ptr, row, stride_l, stride_m, offs, V, n_valid, t_eff,
-                    HAS_MASK: tl.constexpr):
-    """Masked, temperature-scaled logits of one chunk (-inf where disallowed / out of row)."""
-    inb = offs < V
-    x = tl.load(logits_ptr + row * stride_l + offs, mask=inb, other=float("-inf")).to(tl.float32)
-    if HAS_MASK:
-        w = tl.load(bitmask_ptr + row * stride_m + (offs >> 5), mask=inb, other=0)
-        bit = (w >> (offs & 31)) & 1
-        x = tl.where(bit != 0, x, float("-inf"))
-    x = tl.where(offs < n_valid, x, float("-inf"))
-    x = tl.where(inb, x, float("-inf"))
-    return x / t_eff
-
-
-def fp_sampler_order_key(x):
-    """fp32 -> int64 key with the same order (-0.0 folded onto +0.0)."""
-    x = tl.where(x == 0.0, 0.0, x)
-    bits = x.to(tl.int32, bitcast=True)
-    key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-    return key.to(tl.int64)
-
-
 def fp_sampler_kernel(
     logits_ptr, noise_ptr, bitmask_ptr, temp_ptr, topk_ptr, topp_ptr, tok_ptr, lp_ptr,
     n_valid, stride_l, stride_n, stride_m,
@@ -84,126 +65,75 @@ def fp_sampler_kernel(
     top_p = tl.load(topp_ptr + row).to(tl.float32)
     sampled = temp > 0.0
     t_eff = tl.where(sampled, temp, 1.0)
-    ar = tl.arange(0, BLOCK)
+    offs = tl.arange(0, BLOCK)
+    inb = offs < V
 
-    # 1. max and its lowest id
-    best = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)
-    best_i = tl.min(tl.zeros([BLOCK], tl.int32), axis=0)
-    kmin = tl.max(tl.full([BLOCK], _INT32_MAX, tl.int64), axis=0)
-    kmax = tl.min(tl.full([BLOCK], -_INT32_MAX - 1, tl.int64), axis=0)
-    for start in range(0, V, BLOCK):
-        offs = start + ar
-        x = fp_sampler_load(logits_ptr, bitmask_ptr, row, stride_l, stride_m, offs, V, n_valid,
-                            t_eff, HAS_MASK)
-        m = tl.max(x, axis=0)
-        i = tl.min(tl.where(x == m, offs, _INT32_MAX), axis=0)
-        take = m > best
-        best_i = tl.where(take, i, best_i)
-        best = tl.where(take, m, best)
-        key = fp_sampler_order_key(x)
-        kmin = tl.minimum(kmin, tl.min(tl.where(offs < V, key, _INT32_MAX), axis=0))
-        kmax = tl.maximum(kmax, tl.max(tl.where(offs < V, key, -_INT32_MAX - 1), axis=0))
+    # 1. masked, temperature-scaled logits; max and its lowest id (= the greedy token)
+    x = tl.load(logits_ptr + row * stride_l + offs, mask=inb, other=float("-inf")).to(tl.float32)
+    if HAS_MASK:
+        w = tl.load(bitmask_ptr + row * stride_m + (offs >> 5), mask=inb, other=0)
+        x = tl.where(((w >> (offs & 31)) & 1) != 0, x, float("-inf"))
+    x = tl.where(inb & (offs < n_valid), x, float("-inf"))
+    x = x / t_eff
+    best = tl.max(x, axis=0)
+    best_i = tl.min(tl.where(x == best, offs, _INT32_MAX), axis=0)
 
-    # 2. top-k threshold (exact bisection on order keys); kth = kmin keeps everything
-    kth = kmin
+    # 2. top-k: exact bisection over order-preserving int keys of x (-0.0 folded onto +0.0);
+    #    ids outside the row get a key below every fp32 key
+    bits = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)
+    key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
+    key = tl.where(inb, key, -_INT32_MAX - 2)
+    kth = tl.min(tl.where(inb, key, _INT32_MAX), axis=0)  # keeps the whole row
     if sampled & (k > 0) & (k < V):
-        lo = kmin
-        hi = kmax + 1
-        for _ in range(32):
+        lo = kth
+        hi = tl.max(key, axis=0) + 1
+        for _ in range(32):  # invariant: count(key >= lo) >= k > count(key >= hi)
             mid = lo + (hi - lo) // 2
-            cnt = tl.sum(tl.zeros([BLOCK], tl.int32), axis=0)
-            for start in range(0, V, BLOCK):
-                offs = start + ar
-                x = fp_sampler_load(logits_ptr, bitmask_ptr, row, stride_l, stride_m, offs, V,
-                                    n_valid, t_eff, HAS_MASK)
-                key = fp_sampler_order_key(x)
-                cnt += tl.sum(((key >= mid) & (offs < V)).to(tl.int32), axis=0)
-            ok = cnt >= k
+            ok = tl.sum((key >= mid).to(tl.int32), axis=0) >= k
             lo = tl.where(ok, mid, lo)
             hi = tl.where(ok, hi, mid)
         kth = lo
 
-    # 3. softmax denominator over the kept ids
-    denom = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
-    for start in range(0, V, BLOCK):
-        offs = start + ar
-        x = fp_sampler_load(logits_ptr, bitmask_ptr, row, stride_l, stride_m, offs, V, n_valid,
-                            t_eff, HAS_MASK)
-        keep = fp_sampler_order_key(x) >= kth
-        denom += tl.sum(tl.where(keep, tl.exp(x - best), 0.0), axis=0)
-
+    # 3. softmax over the kept ids (the max is never removed by top-k)
+    e = tl.where(key >= kth, tl.exp(x - best), 0.0)
+    denom = tl.sum(e, axis=0)
     tok = best_i
-    lp = -tl.log(denom)  # greedy: log_softmax(x)[argmax] = (x_max - max) - log(denom)
+    lp = -tl.log(denom)  # greedy: log_softmax(x)[argmax] = 0 - log(denom)
     if sampled:
-        # 4. top-p threshold (exact bisection on the bit patterns of p >= 0)
-        pth = tl.min(tl.zeros([BLOCK], tl.int32), axis=0)
+        # 4. top-p: exact bisection over the bit patterns of p >= 0 (monotone as ints)
+        p = e / denom
+        pkey = p.to(tl.int32, bitcast=True).to(tl.int64)
+        pth = tl.min(tl.zeros([BLOCK], tl.int64), axis=0)  # 0: keeps everything
         if top_p < 1.0:
-            pmax_bits = (1.0 / denom).to(tl.int32, bitcast=True)  # p at the max
-            lo_p = tl.min(tl.zeros([BLOCK], tl.int64), axis=0)
-            hi_p = pmax_bits.to(tl.int64) + 1
-            for _ in range(32):
+            lo_p = pth
+            hi_p = tl.max(pkey, axis=0) + 1
+            for _ in range(32):  # invariant: mass(p >= lo_p) >= top_p > mass(p >= hi_p)
                 mid_p = lo_p + (hi_p - lo_p) // 2
-                mass = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
-                for start in range(0, V, BLOCK):
-                    offs = start + ar
-                    x = fp_sampler_load(logits_ptr, bitmask_ptr, row, stride_l, stride_m, offs,
-                                        V, n_valid, t_eff, HAS_MASK)
-                    keep = fp_sampler_order_key(x) >= kth
-                    p = tl.where(keep, tl.exp(x - best) / denom, 0.0)
-                    pk = p.to(tl.int32, bitcast=True).to(tl.int64)
-                    mass += tl.sum(tl.where(pk >= mid_p, p, 0.0), axis=0)
-                ok_p = mass >= top_p
+                ok_p = tl.sum(tl.where(pkey >= mid_p, p, 0.0), axis=0) >= top_p
                 lo_p = tl.where(ok_p, mid_p, lo_p)
                 hi_p = tl.where(ok_p, hi_p, mid_p)
-            pth = lo_p.to(tl.int32)
-        # 5. renormalise
-        z = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
-        for start in range(0, V, BLOCK):
-            offs = start + ar
-            x = fp_sampler_load(logits_ptr, bitmask_ptr, row, stride_l, stride_m, offs, V,
-                                n_valid, t_eff, HAS_MASK)
-            keep = fp_sampler_order_key(x) >= kth
-            p = tl.where(keep, tl.exp(x - best) / denom, 0.0)
-            p = tl.where(p.to(tl.int32, bitcast=True) >= pth, p, 0.0)
-            z += tl.sum(p, axis=0)
-        # 6. exponential race
-        s_best = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)
-        s_i = tl.min(tl.zeros([BLOCK], tl.int32), axis=0)
-        s_q = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
-        for start in range(0, V, BLOCK):
-            offs = start + ar
-            x = fp_sampler_load(logits_ptr, bitmask_ptr, row, stride_l, stride_m, offs, V,
-                                n_valid, t_eff, HAS_MASK)
-            keep = fp_sampler_order_key(x) >= kth
-            p = tl.where(keep, tl.exp(x - best) / denom, 0.0)
-            p = tl.where(p.to(tl.int32, bitcast=True) >= pth, p, 0.0)
-            q = p / z
-            e = tl.load(noise_ptr + row * stride_n + offs, mask=offs < V, other=1.0)
-            s = tl.where(q > 0.0, q / e, -1.0)
-            s = tl.where(offs < V, s, float("-inf"))
-            m = tl.max(s, axis=0)
-            i = tl.min(tl.where(s == m, offs, _INT32_MAX), axis=0)
-            qi = tl.sum(tl.where(offs == i, q, 0.0), axis=0)
-            take = m > s_best
-            s_i = tl.where(take, i, s_i)
-            s_q = tl.where(take, qi, s_q)
-            s_best = tl.where(take, m, s_best)
-        tok = s_i
-        lp = tl.log(s_q)
+            pth = lo_p
+        # 5. renormalise; 6. exponential race (lowest id on ties)
+        p = tl.where(pkey >= pth, p, 0.0)
+        q = p / tl.sum(p, axis=0)
+        noise = tl.load(noise_ptr + row * stride_n + offs, mask=inb, other=1.0)
+        s = tl.where(q > 0.0, q / noise, -1.0)
+        s = tl.where(inb, s, float("-inf"))
+        s_best = tl.max(s, axis=0)
+        tok = tl.min(tl.where(s == s_best, offs, _INT32_MAX), axis=0)
+        lp = tl.log(tl.sum(tl.where(offs == tok, q, 0.0), axis=0))
     tl.store(tok_ptr + row, tok.to(tl.int64))
     tl.store(lp_ptr + row, lp)
 
 
 _JIT: dict[str, Any] = {}
+MAX_VOCAB = 16384  # the whole row lives in one tile; larger vocabularies are refused
 
 
 def _kernels() -> Any:
-    """Decorate the Triton functions on first use (see module docstring)."""
+    """Decorate the Triton kernel on first use (see module docstring)."""
     if "kernel" not in _JIT:
-        g = globals()
-        for name in ("fp_sampler_load", "fp_sampler_order_key"):
-            g[name] = triton.jit(g[name])
-        _JIT["kernel"] = triton.jit(g["fp_sampler_kernel"])
+        _JIT["kernel"] = triton.jit(fp_sampler_kernel)
     return _JIT["kernel"]
 
 
@@ -212,7 +142,7 @@ def interpreter_on() -> bool:
 
 
 def _block_for(V: int) -> int:
-    return max(16, min(1024 if not interpreter_on() else 4096, triton.next_power_of_2(V)))
+    return max(16, triton.next_power_of_2(V))
 
 
 # --------------------------------------------------------------------------------------------
@@ -240,6 +170,8 @@ def sample_tensors(
             "first launch to run under Triton's interpreter on CPU"
         )
     B, V = logits.shape
+    if V > MAX_VOCAB:
+        raise ValueError(f"fused sampler: vocab {V} > MAX_VOCAB {MAX_VOCAB} (one tile per row)")
     dev = logits.device
     if logits.stride(1) != 1:
         logits = logits.contiguous()
@@ -257,7 +189,7 @@ def sample_tensors(
         tok, lp,
         V if n_valid is None else int(n_valid),
         logits.stride(0), noise.stride(0), mask_arg.stride(0) if has_mask else 0,
-        V=V, HAS_MASK=has_mask, BLOCK=_block_for(V),
+        V=V, HAS_MASK=has_mask, BLOCK=_block_for(V), num_warps=4 if V <= 2048 else 8,
     )
     return tok, lp
 
@@ -295,6 +227,9 @@ class FastSampler:
             if any(not p.greedy for p in params):
                 raise ValueError("sampled rows (temperature > 0) need noise; use draw_noise()")
             noise = torch.ones(B, V, dtype=torch.float32)
+        if V > MAX_VOCAB:  # out of the kernel's scope: the standard sampler, recorded
+            trace.refused("sampler", "vocab_out_of_scope", batch=B, vocab=V)
+            return sample_batched(logits, params, noise, bitmask, n_valid=self.n_valid)[:2]
         temp, top_k, top_p = _param_tensors(params)
         variant = self.variant + ("_interp" if logits.device.type == "cpu" else "")
         tok, lp = sample_tensors(logits, temp, top_k, top_p, noise, bitmask, n_valid=self.n_valid)
@@ -309,7 +244,7 @@ class FastSampler:
     ) -> torch.Tensor:
         """The distribution rows are sampled from: by contract the standard one (the features
         suite checks the kernel's sampled frequencies against it)."""
-        return final_probs(logits.float(), params, bitmask, n_valid=self.n_valid)
+        return Sampler(n_valid=self.n_valid).probs(logits, params, bitmask)
 
 
 # --------------------------------------------------------------------------------------------
@@ -379,7 +314,7 @@ def _fast(logits, params, noise, bitmask):
 
 
 def _standard(logits, params, noise, bitmask):
-    tok, lp, _ = sample_reference(logits.float(), params, noise, bitmask, dtype=torch.float32)
+    tok, lp, _ = sample_batched(logits, params, noise, bitmask)
     return tok.cpu(), lp.cpu()
 
 

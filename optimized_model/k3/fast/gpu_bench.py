@@ -1,0 +1,406 @@
+"""GPU check + benchmark of the K3-mini fast path (one H200 run, < 6 minutes).
+
+    python -m optimized_model.k3.fast.gpu_bench [--batches 1,2,4,8,16,32,64] [--contexts 1024,32768]
+        [--rounds 5] [--replays 20] [--budget 330] [--skip-kernels] [--out DIR]
+
+1. HBM copy bandwidth (device-to-device copy, read + write bytes), measured in this run.
+2. Correctness of every registered fast kernel (fast/registry.kernels()) vs its fp32 oracle on the
+   mini shapes (bf16 + fp16), noise-floor rule: err(fast) <= max(atol_floor, k * err(standard)).
+   One failing kernel is recorded and the rest still run.
+3. CuTe DSL vs Triton small-M gemv (the "cute" variant of the tuning table), same shapes.
+4. Decode: standard path (K3Runner, CUDA graph) vs fast path (FastDecoder, whole-step CUDA
+   graph) at each batch x context: parity of one step (max |logit diff|, top-1 agreement), then
+   interleaved rounds (A B B A ...) of graph replays timed with CUDA events; median step time,
+   tokens/s, speedup, MBU = config.bytes_per_step / step time / copy bandwidth.
+Writes results.json and table.txt under $OUT (or --out) and prints the table last. A time budget
+(--budget seconds, default 330) skips what would not fit and says so.
+
+CPU pre-flight (no GPU needed, run it before spending GPU time):
+
+    python -m optimized_model.k3.fast.gpu_bench --aot [--config mini] [--batches 1,2,4,8,16,32,64]
+
+runs the fast decoder of the real config on "meta" tensors with every Triton launch intercepted,
+then compiles each distinct launch ahead of time for sm_90 (Triton + ptxas) and reports compile
+errors and shared-memory use over the H200's 227 KB. Catches what the interpreter cannot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+
+import torch
+
+T0 = time.time()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
+
+
+def copy_bandwidth(gib: float = 2.0, iters: int = 10) -> float:
+    n = int(gib * (1 << 30)) // 2
+    a = torch.empty(n, dtype=torch.bfloat16, device="cuda")
+    b = torch.empty_like(a)
+    b.copy_(a)
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(iters):
+        b.copy_(a)
+    e.record()
+    torch.cuda.synchronize()
+    bw = 2 * a.numel() * 2 * iters / (s.elapsed_time(e) / 1e3)
+    del a, b
+    torch.cuda.empty_cache()
+    return bw
+
+
+def _err(a, b) -> float:
+    if isinstance(a, (tuple, list)):
+        return max(_err(x, y) for x, y in zip(a, b))
+    a, b = a.float(), b.float()
+    both_inf = torch.isinf(a) & torch.isinf(b) & (torch.sign(a) == torch.sign(b))
+    d = (a - b).abs().masked_fill(both_inf, 0.0)
+    return float(d.max().item()) if d.numel() else 0.0
+
+
+def check_kernels(budget_s: float) -> list[dict]:
+    from optimized_model.k3.fast import registry
+
+    rows = []
+    entries = registry.kernels()
+    for name, err in registry.import_errors.items():
+        rows.append({"kernel": name, "status": "import_error", "detail": err})
+    for e in entries:
+        for dt in [d for d in ("bfloat16", "float16") if d in e.dtypes]:
+            worst, status, detail = 0.0, "pass", ""
+            try:
+                for shape in e.shapes:
+                    for vc in e.value_classes[:2]:
+                        if time.time() - T0 > budget_s:
+                            raise TimeoutError("kernel-check time budget spent")
+                        inp = e.make_inputs(shape, vc, getattr(torch, dt), "cuda", 0)
+                        fast = e.fast(**inp)
+                        orc = e.oracle(**inp)
+                        std = e.standard(**inp)
+                        ef, es = _err(fast, orc), _err(std, orc)
+                        tol = max(e.atol_floor.get(dt, 0.0), e.k * es)
+                        ratio = ef / tol if tol > 0 else (0.0 if ef == 0 else float("inf"))
+                        if ratio > worst:
+                            worst = ratio
+                        if not ef <= tol:
+                            status = "FAIL"
+                            detail = f"{shape} {vc}: err {ef:.3g} > tol {tol:.3g} (std err {es:.3g})"
+                if e.deterministic and e.shapes:
+                    inp = e.make_inputs(e.shapes[0], "normal", getattr(torch, dt), "cuda", 1)
+                    a, b = e.fast(**inp), e.fast(**inp)
+                    same = all(torch.equal(x, y) for x, y in zip(a, b)) if isinstance(a, tuple) else torch.equal(a, b)
+                    if not same:
+                        status, detail = "FAIL", "not deterministic (repeat differs)"
+            except Exception as exc:  # keep going: one broken kernel must not lose the rest
+                status, detail = "error", f"{type(exc).__name__}: {exc}"
+                traceback.print_exc(limit=3)
+            torch.cuda.synchronize()
+            rows.append({"kernel": e.name, "component": e.component, "dtype": dt, "status": status,
+                         "worst_err_over_tol": round(worst, 4), "detail": detail})
+            log(f"kernel {e.name:24s} {dt:9s} {status:6s} worst err/tol {worst:.3f} {detail}")
+    return rows
+
+
+def time_graph(fn, replays: int) -> float:
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(replays):
+        fn()
+    e.record()
+    e.synchronize()
+    return s.elapsed_time(e) / replays / 1e3
+
+
+def cute_vs_triton() -> list[dict]:
+    from optimized_model.k3.fast.kernels import cute_gemv
+    from optimized_model.k3.fast.kernels import gemv as G
+
+    rows = []
+    ok, why = cute_gemv.available()
+    for M, N, K in ((1, 4096, 4096), (1, 8192, 256), (1, 14336, 4096), (2, 4096, 4096), (2, 14336, 4096)):
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5
+        row = {"M": M, "N": N, "K": K}
+        try:
+            yt = G.gemv(x, w)
+            row["triton_us"] = statistics.median(time_graph(lambda: G.gemv(x, w, out=yt), 50) for _ in range(3)) * 1e6
+            if ok:
+                yc = cute_gemv.gemv(x, w)
+                row["cute_us"] = statistics.median(time_graph(lambda: cute_gemv.gemv(x, w, out=yc), 50) for _ in range(3)) * 1e6
+                row["max_diff"] = _err(yc, yt)
+            else:
+                row["cute"] = why
+            row["GBps_triton"] = N * K * 2 / (row["triton_us"] / 1e6) / 1e9
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {exc}"
+        rows.append(row)
+        log(f"gemv M{M} N{N} K{K}: {row}")
+    return rows
+
+
+def bench_decode(batches, contexts, rounds, replays, budget_s, bw) -> list[dict]:
+    from optimized_model.k3 import config as C
+    from optimized_model.k3.fast import hooks
+    from optimized_model.k3.model import K3Model
+    from optimized_model.k3.runner import K3Runner
+    from fastpath import trace
+
+    log("building K3-mini (mini, bf16) on cuda")
+    model = K3Model.build("mini", device="cuda", dtype=torch.bfloat16, seed=0)
+    std_note = model.kda_backend
+    try:
+        import fla  # noqa: F401
+    except Exception:
+        model.kda_backend = "torch"
+        std_note = "torch (fla-core missing: carry it for a fair baseline)"
+    log(f"standard path: kda backend {std_note}, moe backend {model.moe_backend}")
+    runner = K3Runner(model, use_graphs=True)
+    fd = hooks.build_fast_decoder(model, lambda b, cap: model.new_state(b, cap))
+    cfg = model.cfg
+    rows = []
+    for ctx in contexts:
+        for B in batches:
+            row = {"batch": B, "context": ctx}
+            if time.time() - T0 > budget_s:
+                row["status"] = "skipped (time budget)"
+                rows.append(row)
+                continue
+            try:
+                # parity of one step on the same random state (eager fast path, no graph)
+                st = model.random_state(B, ctx, -(-(ctx + 1) // 64) * 64, seed=3)
+                st2 = st.clone()
+                tok = torch.randint(0, cfg.n_real_tokens, (B,), device="cuda")
+                n = cfg.n_real_tokens
+                ref = model.decode(tok, st)[:, :n]
+                use_graphs, fd.use_graphs = fd.use_graphs, False
+                out = fd.decode(tok, st2)[:, :n]
+                fd.use_graphs = use_graphs
+                row["max_logit_diff"] = _err(out, ref)
+                row["top1_agree"] = float((out.argmax(-1) == ref.argmax(-1)).float().mean())
+                del st, st2
+                # timing: interleaved A B B A rounds of graph replays
+                std_step = runner.decode_step(B, ctx)
+                with trace.recording() as rec:
+                    fast_step = fd.decode_step(B, ctx)
+                    fast_step()
+                comps = rec.components()
+                row["fast_components"] = sorted(comps)
+                row["fast_refused"] = sorted(c for c, v in comps.items() if any(x.startswith("refused") for x in v))
+                for f in (std_step, fast_step):
+                    time_graph(f, 3)
+                ts, tf = [], []
+                for r in range(rounds):
+                    order = (std_step, fast_step) if r % 2 == 0 else (fast_step, std_step)
+                    for f in order:
+                        t = time_graph(f, replays)
+                        (ts if f is std_step else tf).append(t)
+                ms, mf = statistics.median(ts), statistics.median(tf)
+                nbytes = C.bytes_per_step(cfg, B, ctx)
+                row.update({
+                    "std_ms": ms * 1e3, "fast_ms": mf * 1e3,
+                    "std_tok_s": B / ms, "fast_tok_s": B / mf, "speedup": ms / mf,
+                    "std_mbu": nbytes / ms / bw, "fast_mbu": nbytes / mf / bw,
+                    "std_rounds_ms": [t * 1e3 for t in ts], "fast_rounds_ms": [t * 1e3 for t in tf],
+                    "status": "ok",
+                })
+                del std_step, fast_step
+            except Exception as exc:
+                row["status"] = f"error {type(exc).__name__}: {exc}"
+                traceback.print_exc(limit=4)
+            runner._graphs.clear()
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            rows.append(row)
+            log(f"decode b{B} c{ctx}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                 for k, v in row.items() if not k.endswith("rounds_ms")))
+    return rows
+
+
+# ------------------------------------------------------------------------------ AOT pre-flight
+_TT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "i32",
+       torch.int64: "i64", torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1"}
+
+
+def _meta_model(config: str):
+    """A K3Model of ``config`` whose weights are meta tensors (shapes only, no memory)."""
+    import types
+
+    from optimized_model.k3 import weights as W
+    from optimized_model.k3.model import K3Model
+    from optimized_model.k3.config import get_config
+
+    real = W.torch
+    shim = types.SimpleNamespace(**{k: getattr(real, k) for k in dir(real) if not k.startswith("__")})
+
+    class _Gen:
+        def __init__(self, *a, **k):
+            pass
+
+        def manual_seed(self, *_):
+            return self
+
+    def _meta(*shape, **kw):
+        return real.empty(*shape, dtype=kw.get("dtype") or real.float32, device="meta")
+
+    shim.Generator, shim.randn, shim.rand = _Gen, _meta, _meta
+    shim.ones = lambda n, **kw: real.empty(n, device="meta")
+    W.torch = shim
+    try:
+        cfg = get_config(config)
+        w = W.init_weights(cfg, device="meta", dtype=torch.bfloat16)
+    finally:
+        W.torch = real
+    return K3Model(cfg, w)
+
+
+def aot_check(config: str, batches: list[int], context: int = 1024) -> int:
+    """Run in a fresh process without TRITON_INTERPRET (kernels must be real JIT functions)."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print("aot: unset TRITON_INTERPRET (the kernels must be compiled, not interpreted)")
+        return 2
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    from optimized_model.k3.fast import tuning
+    from optimized_model.k3.fast.runtime import FastDecoder
+    from optimized_model.k3.state import new_state
+
+    calls: dict = {}
+    real_run = JITFunction.run
+
+    def record(self, *args, grid, warmup, **kwargs):
+        names = self.arg_names
+        bound = dict(zip(names, args))
+        bound.update({k: v for k, v in kwargs.items() if k in names})
+        opts = {k: v for k, v in kwargs.items() if k not in names}
+        sig, consts = {}, {}
+        for p in self.params:
+            v = bound.get(p.name, p.default)
+            if p.is_constexpr:
+                sig[p.name], consts[p.name] = "constexpr", v
+            elif isinstance(v, torch.Tensor):
+                sig[p.name] = "*" + _TT[v.dtype]
+            elif isinstance(v, bool):
+                sig[p.name] = "i1"
+            elif isinstance(v, int):
+                sig[p.name] = "i64" if abs(v) >= 2 ** 31 else "i32"
+            elif isinstance(v, float):
+                sig[p.name] = "fp32"
+            else:
+                sig[p.name] = "constexpr"
+                consts[p.name] = v
+        key = (self.fn.__name__, tuple(sorted(sig.items())), tuple(sorted(consts.items())),
+               tuple(sorted(opts.items())))
+        calls.setdefault(key, (self, sig, consts, opts))
+
+    JITFunction.run = record
+    orig_dev = tuning.device_name
+    tuning.device_name = lambda device=None: "NVIDIA H200"
+    try:
+        model = _meta_model(config)
+        fd = FastDecoder(model, None)
+        for B in batches:
+            st = new_state(model.cfg, B, context + 64, device="meta", dtype=torch.bfloat16)
+            fd._step(fd._buffers(B), st)
+    finally:
+        JITFunction.run = real_run
+        tuning.device_name = orig_dev
+    target = GPUTarget("cuda", 90, 32)
+    bad = 0
+    log(f"{len(calls)} distinct Triton launches for {config} at batches {batches}; compiling for sm_90")
+    for (name, *_), (fn, sig, consts, opts) in sorted(calls.items(), key=lambda kv: kv[0][0]):
+        label = f"{name} " + ",".join(f"{k}={v}" for k, v in consts.items() if k.isupper()) + f" {opts}"
+        try:
+            options = {k: v for k, v in opts.items() if k in ("num_warps", "num_stages")}
+            k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=target, options=options)
+            smem = k.metadata.shared
+            flag = "OK  " if smem <= 227 * 1024 else "SMEM"
+            bad += flag != "OK  "
+            print(f"{flag} {smem:>7d} B smem  {label}")
+        except Exception as exc:
+            bad += 1
+            print(f"FAIL {label}\n     {type(exc).__name__}: {str(exc)[-800:]}")
+    print(f"aot: {len(calls)} launches, {bad} problems")
+    return 1 if bad else 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", default="1,2,4,8,16,32,64")
+    ap.add_argument("--contexts", default="1024,32768")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--budget", type=float, default=330.0)
+    ap.add_argument("--kernel-budget", type=float, default=120.0)
+    ap.add_argument("--skip-kernels", action="store_true")
+    ap.add_argument("--out", default=os.environ.get("OUT", "gpu_bench_out"))
+    ap.add_argument("--aot", action="store_true", help="CPU pre-flight: compile every launch for sm_90")
+    ap.add_argument("--config", default="mini")
+    a = ap.parse_args(argv)
+    if a.aot:
+        return aot_check(a.config, [int(b) for b in a.batches.split(",")])
+    if not torch.cuda.is_available():
+        print("gpu_bench: no CUDA device here (this script measures the H200 fast path); nothing to do")
+        return 2
+    os.makedirs(a.out, exist_ok=True)
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "argv": sys.argv}
+    try:
+        import triton
+
+        res["triton"] = triton.__version__
+    except Exception:
+        pass
+    bw = copy_bandwidth()
+    res["copy_bw_GBps"] = bw / 1e9
+    log(f"copy bandwidth {bw / 1e9:.0f} GB/s")
+    if not a.skip_kernels:
+        res["kernels"] = check_kernels(a.kernel_budget)
+        try:
+            res["cute_vs_triton"] = cute_vs_triton()
+        except Exception as exc:
+            res["cute_vs_triton"] = [{"error": f"{type(exc).__name__}: {exc}"}]
+    batches = [int(b) for b in a.batches.split(",")]
+    contexts = [int(c) for c in a.contexts.split(",")]
+    res["decode"] = bench_decode(batches, contexts, a.rounds, a.replays, a.budget, bw)
+    with open(os.path.join(a.out, "results.json"), "w") as fh:
+        json.dump(res, fh, indent=1, default=str)
+    lines = [f"device {res['device']}  copy bw {bw / 1e9:.0f} GB/s  torch {res['torch']}  triton {res.get('triton')}"]
+    if "kernels" in res:
+        bad = [r for r in res["kernels"] if r["status"] != "pass"]
+        lines.append(f"kernels: {len(res['kernels']) - len(bad)} pass, {len(bad)} not: "
+                     + "; ".join(f"{r['kernel']}/{r.get('dtype', '')} {r['status']} {r.get('detail', '')[:80]}" for r in bad))
+        for r in res.get("cute_vs_triton", []):
+            lines.append(f"  gemv M{r.get('M')} N{r.get('N')} K{r.get('K')}: triton {r.get('triton_us', float('nan')):.1f} us"
+                         f"  cute {r.get('cute_us', float('nan')):.1f} us  {r.get('cute', r.get('error', ''))}")
+    hdr = f"{'batch':>5} {'ctx':>6} {'std tok/s':>10} {'fast tok/s':>10} {'speedup':>8} {'std MBU':>8} {'fast MBU':>8} {'maxdiff':>8} {'top1':>5}  status"
+    lines.append(hdr)
+    for r in res["decode"]:
+        if r.get("status") == "ok":
+            lines.append(f"{r['batch']:>5} {r['context']:>6} {r['std_tok_s']:>10.1f} {r['fast_tok_s']:>10.1f} "
+                         f"{r['speedup']:>7.2f}x {r['std_mbu']:>7.1%} {r['fast_mbu']:>7.1%} "
+                         f"{r['max_logit_diff']:>8.3g} {r['top1_agree']:>5.2f}  ok {('refused: ' + ','.join(r['fast_refused'])) if r['fast_refused'] else ''}")
+        else:
+            lines.append(f"{r['batch']:>5} {r['context']:>6}  {r.get('status')}")
+    table = "\n".join(lines)
+    with open(os.path.join(a.out, "table.txt"), "w") as fh:
+        fh.write(table + "\n")
+    print("\n" + table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
