@@ -234,3 +234,23 @@ def top1_agreement(a_logits, b_logits) -> float:
     if a.shape[0] == 0:
         return math.nan
     return float(np.mean(np.argmax(a, axis=-1) == np.argmax(b, axis=-1)))
+
+
+def randomized_pit(probs, token: int, u: float) -> float:
+    """Randomized probability integral transform of a discrete draw: with categories ordered by
+    descending probability (ties: lower id first), F(before token) + u * p(token). Uniform on
+    [0, 1] iff ``token`` was drawn from ``probs`` (u ~ U(0, 1) independent), so draws made in
+    different contexts can be pooled into one uniformity test."""
+    p = np.asarray(probs, dtype=np.float64)
+    p = p / p.sum()
+    order = np.lexsort((np.arange(len(p)), -p))
+    rank = int(np.nonzero(order == token)[0][0])
+    before = float(p[order[:rank]].sum())
+    return min(1.0, before + u * float(p[token]))
+
+
+def uniformity_g_test(values: Sequence[float], bins: int = 10, *, min_expected: float = 5.0) -> GTestResult:
+    """G-test that ``values`` are uniform on [0, 1] over ``bins`` equal bins (pooled if low)."""
+    v = np.clip(np.asarray(values, dtype=np.float64), 0.0, 1.0 - 1e-12)
+    counts = np.bincount((v * bins).astype(int), minlength=bins)[:bins]
+    return g_test(counts, np.full(bins, 1.0 / bins), min_expected=min_expected)

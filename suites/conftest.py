@@ -94,15 +94,10 @@ def dumps(x: Any) -> str:
     return json.dumps(jsonable(x), sort_keys=True, default=str)
 
 
-def score_teacher_forced(model: Any, seqs: list[list[int]], starts: list[int]) -> tuple[list[Any], bool]:
-    """``model.score(seqs, decode_from=starts)`` (docs/architecture.md): positions >= start run
-    through decode steps, so the fast model's fast path computes them. Returns (logits per
-    sequence, whether the engine accepted ``decode_from``); an engine without it is scored by
-    plain prefill, and the caller's trace check then fails the row with the reason."""
-    try:
-        return model.score(seqs, decode_from=list(starts)), True
-    except TypeError:
-        return model.score(seqs), False
+def score_teacher_forced(model: Any, seqs: list[list[int]], prefill_len: int) -> list[Any]:
+    """``model.score(seqs, prefill_len=...)`` (docs/architecture.md): rows from ``prefill_len``
+    on come from teacher-forced decode steps, i.e. from the fast decoder on the fast model."""
+    return model.score(seqs, prefill_len=int(prefill_len))
 
 
 def scope_max_batch(spec: Any, tier: Any) -> int:

@@ -1,26 +1,28 @@
 """Features suite: production features still work on the fast path (issue 5 item 4).
 
 structured    (features_structured_output) JSON schema / regex through the engine's structured
-              output (xgrammar), greedy or sampled at temperature 0.9, batch 4: valid rate (jsonschema /
-              re.fullmatch) >= min_valid_rate; the trace proves the fast path ran during the
-              constrained generation (sampler and every decode component engaged); greedy outputs
-              identical between the standard and the fast path.
-sampling      (features_sampling_distribution) fixed prompts, many seeds, temperature 0.8,
-              max_tokens 2, batched at the fast path's largest batch: the second token is the first
-              one the fast decode step and fast sampler produce, so its frequencies, grouped by
-              (prompt, first token), are tested against softmax(standard logits / T) from
-              ``score`` (padding ids masked): pooled G-test (low-count bins pooled) at alpha;
-              draws = smoke_draws / full_draws. Also: the fast sampler must have run.
+              output (xgrammar), greedy or sampled at temperature 0.9, batch 4: valid rate
+              (jsonschema / re.fullmatch) >= min_valid_rate; the trace proves the fast path ran
+              during the constrained generation (sampler and every decode component engaged);
+              greedy outputs identical between the standard and the fast path.
+sampling      (features_sampling_distribution) fixed prompts, many seeds, temperature 0.6,
+              max_tokens 2, batched at the fast path's largest batch. The first token comes from
+              the prefill (outside the fast path); the second is drawn by the fast decode step and
+              fast sampler, so the second tokens are tested against softmax(standard logits / T)
+              from ``score`` (padding ids masked): (1) frequencies per (prompt, first token)
+              context, pooled G-test with low-count bins pooled; (2) randomized PIT of every draw
+              under its context's distribution, G-test of uniformity; each at alpha / 2
+              (Bonferroni). draws = smoke_draws / full_draws. The fast sampler must have run.
 seeded        (features_seeded_reproducible) same seeds twice on the fast path -> identical;
               fast vs standard with the same seeds: token agreement (up to each sequence's first
               divergence) >= the floor measured standard vs oracle (parity rule, min 1.0).
-masks         (features_sampling_masks) top_k = 5 / top_p = 0.6 at temperature 1: every
-              sampled token lies in the standard path's top-k set / nucleus at that position
-              (boundary tolerance: the fast-vs-standard logit / probability difference measured
-              at that position by teacher forcing).
+masks         (features_sampling_masks) top_k = 2 / top_p = 0.3 at temperature 1.2, batch = the
+              fast path's largest: every sampled token lies in the standard path's top-k set /
+              nucleus at its position (boundary tolerance: 4 x the standard-vs-oracle logit /
+              probability difference at that position).
 full_context  (features_full_context) a request at the tier's largest context completes on the
               fast path (trace), with finite logits, and parity (top-1, KL) within the floor
-              over the last positions, by the parity gates' rules.
+              on the positions scored by teacher-forced decode steps, by the parity gates' rules.
 """
 
 from __future__ import annotations
@@ -52,29 +54,19 @@ def _helpers():
 
 H = _helpers()
 
+# Small on purpose: with a byte-level tokenizer every character is one decode step, and on the
+# CPU smoke tier a fast decode step runs under the Triton interpreter (seconds).
 JSON_SCHEMA = {
     "type": "object",
-    "properties": {
-        "ok": {"type": "boolean"},
-        "color": {"enum": ["red", "green", "blue"]},
-        "tag": {"type": "string", "pattern": "^[a-z]{1,6}$"},
-    },
-    "required": ["ok", "color", "tag"],
+    "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}},
+    "required": ["a"],
     "additionalProperties": False,
 }
-REGEX = r"[a-z]{2,5}-[0-9]{1,3}(\.[a-z]{1,4})?"
+REGEX = r"[a-z]{1,3}-[0-9]"
 STRUCT_BATCH = 4
 STRUCT_TEMPERATURE = 0.9
-SAMPLING_TEMPERATURE = 0.8
+SAMPLING_TEMPERATURE = 0.6
 N_SAMPLING_PROMPTS = 4
-
-
-def _scope_max_batch(fp_spec, fp_tier) -> int:
-    for obj in (fp_spec, fp_tier):
-        sc = getattr(obj, "scope", None)
-        if sc and sc.get("batch_sizes"):
-            return int(max(sc["batch_sizes"]))
-    return 4
 
 
 def _tier_max_batch(fp_tier) -> int:
@@ -107,7 +99,9 @@ def _engagement(rec, engine) -> tuple[list[str], dict]:
         if rec.engaged(comp):
             continue
         reasons = {e.detail for e in rec.refused(comp)}
-        if reasons and all(H.environment_refusal(r, engine) for r in reasons):
+        # e.g. the whole-step CUDA graph refused with "no_cuda" on CPU at every decode step
+        # (the prefill's own "prefill" refusals are expected alongside)
+        if any(H.environment_refusal(r, engine) for r in reasons):
             continue
         missing.append(comp)
     summary = {c: sorted(v) for c, v in rec.components().items()}
@@ -138,8 +132,8 @@ def test_structured_output(case, fp_engine, fp_models, fp_gate, record):
     tok = fast.tokenizer
     constraint = {"json_schema": JSON_SCHEMA} if kind == "json_schema" else {"regex": REGEX}
     temp = 0.0 if mode == "greedy" else STRUCT_TEMPERATURE
-    text = "Answer with a JSON object:" if kind == "json_schema" else "Answer with a code like ab-12:"
-    reqs = [GenerationRequest(prompt_ids=tok.encode(f"{text} item {i}."), max_tokens=96, temperature=temp,
+    text = "Answer with a JSON object:" if kind == "json_schema" else "Answer with a code like ab-1:"
+    reqs = [GenerationRequest(prompt_ids=tok.encode(f"{text} item {i}."), max_tokens=32, temperature=temp,
                               seed=100 + i, structured=dict(constraint)) for i in range(STRUCT_BATCH)]
     with trace.recording() as rec:
         out_fast = fast.generate(reqs)
@@ -183,55 +177,67 @@ def test_sampling_distribution(case, fp_engine, fp_spec, fp_tier, fp_models, fp_
     fast, std = fp_models["fast"], fp_models["standard"]
     tok = fast.tokenizer
     T = SAMPLING_TEMPERATURE
-    batch = _scope_max_batch(fp_spec, fp_tier)
+    batch = H.scope_max_batch(fp_spec, fp_tier)
     prompts = [tok.encode(f"Sample {i}: the next letter is") for i in range(N_SAMPLING_PROMPTS)]
     per_prompt = -(-draws // len(prompts))
-    groups: dict[tuple[int, int], Counter] = defaultdict(Counter)
+    draws_list: list[tuple[int, int, int]] = []  # (prompt, first token, second token)
     calls = 0
     with trace.recording() as rec:
         for pi, p in enumerate(prompts):
             for start in range(0, per_prompt, batch):
                 n = min(batch, per_prompt - start)
                 reqs = [GenerationRequest(prompt_ids=list(p), max_tokens=2, temperature=T,
-                                          seed=1_000_000 * (pi + 1) + start + j, stop_token_ids=[])
-                        for j in range(n)]
+                                          seed=1_000_000 * (pi + 1) + start + j) for j in range(n)]
                 for r in fast.generate(reqs):
                     ids = list(r.token_ids)
                     if len(ids) >= 2:
-                        groups[(pi, ids[0])][ids[1]] += 1
+                        draws_list.append((pi, ids[0], ids[1]))
                 calls += 1
     sampler_runs = len(rec.engaged("sampler"))
+    groups: dict[tuple[int, int], Counter] = defaultdict(Counter)
+    for pi, t1, t2 in draws_list:
+        groups[(pi, t1)][t2] += 1
     keys = sorted(groups)
-    seqs = [list(prompts[pi]) + [t1] for pi, t1 in keys]
-    logits = std.score(seqs) if seqs else []
+    logits = std.score([list(prompts[pi]) + [t1] for pi, t1 in keys]) if keys else []
+    expected: dict[tuple[int, int], np.ndarray] = {}
     tests = []
-    vocab = None
-    for (pi, t1), lg in zip(keys, logits):
+    for key, lg in zip(keys, logits):
         row = lg[-1].detach().float().cpu().numpy().astype(np.float64)
-        vocab = row.shape[-1]
-        p = _softmax(_masked(row, _n_valid(tok, vocab)) / T)
-        obs = np.zeros(vocab)
-        for t, c in groups[(pi, t1)].items():
+        p = _softmax(_masked(row, _n_valid(tok, row.shape[-1])) / T)
+        expected[key] = p
+        obs = np.zeros(p.shape[-1])
+        for t, c in groups[key].items():
             obs[t] += c
         tests.append(stats.g_test(obs, p))
+    # (1) frequencies per (prompt, first token) context, pooled G-test; (2) the randomized PIT of
+    # every draw under its own context's distribution, G-test of uniformity (power when the
+    # draws spread over many contexts). Bonferroni: each at alpha / 2.
     res = stats.g_test_pooled(tests) if tests else None
-    n = res.n if res else 0
-    ok = res is not None and res.passed(alpha) and n >= 0.9 * draws and sampler_runs > 0
+    rng = np.random.default_rng(20261129)
+    pit = [stats.randomized_pit(expected[(pi, t1)], t2, float(rng.random())) for pi, t1, t2 in draws_list]
+    bins = int(min(20, max(2, len(pit) // 10)))
+    res_pit = stats.uniformity_g_test(pit, bins) if pit else None
+    n = len(draws_list)
+    p_min = min(res.p_value, res_pit.p_value) if res and res_pit else None
+    passed_stats = res is not None and res_pit is not None and res.passed(alpha / 2) and res_pit.passed(alpha / 2)
+    ok = passed_stats and n >= 0.9 * draws and sampler_runs > 0
     msg = ""
     if sampler_runs == 0:
         msg = "the fast sampler never engaged during the draws"
-    elif res is None or n < 0.9 * draws:
+    elif n < 0.9 * draws:
         msg = f"only {n} second-token draws of {draws} (generation stopped at the first token)"
-    elif not res.passed(alpha):
-        msg = (f"sampled frequencies differ from softmax(standard logits / {T}): G={res.statistic:.1f}, "
-               f"df={res.df}, p={res.p_value:.3g} < alpha={alpha}"
+    elif not passed_stats:
+        msg = (f"sampled frequencies differ from softmax(standard logits / {T}): frequency G={res.statistic:.1f} "
+               f"df={res.df} p={res.p_value:.3g}; PIT uniformity G={res_pit.statistic:.1f} df={res_pit.df} "
+               f"p={res_pit.p_value:.3g}; alpha/2={alpha / 2}"
                + (f"; {res.impossible} draws of zero-probability tokens" if res.impossible else ""))
-    record("features_sampling_distribution", "g_test_p_value", res.p_value if res else None, threshold=alpha,
+    record("features_sampling_distribution", "g_test_p_value_min", p_min, threshold=alpha / 2,
            comparator=">=", passed=ok, batch=batch, path="fast",
            detail={"temperature": T, "draws": n, "draws_required": draws, "prompts": len(prompts),
-                   "groups": len(keys), "alpha": alpha, "sampler_runs": sampler_runs, "generate_calls": calls,
-                   "seeds": "1e6*(prompt+1) + i"},
-           evidence=H.jsonable(res.as_dict() if res else {}), message=msg)
+                   "contexts": len(keys), "alpha": alpha, "per_test_alpha": alpha / 2, "sampler_runs": sampler_runs,
+                   "generate_calls": calls, "seeds": "1e6*(prompt+1) + i", "token": "second (first fast decode step)"},
+           evidence=H.jsonable({"frequency_test": res.as_dict() if res else {},
+                                "pit_test": res_pit.as_dict() if res_pit else {}}), message=msg)
 
 
 def _agreement_until_divergence(a: list[list[int]], b: list[list[int]]) -> float:
@@ -245,12 +251,21 @@ def _agreement_until_divergence(a: list[list[int]], b: list[list[int]]) -> float
     return match / total if total else math.nan
 
 
+def _parity_threshold(floor: float, n: int, min_agreement: float) -> tuple[float, float]:
+    """The parity suite's rule (suites/test_parity.py): min_agreement, or the floor minus two
+    binomial standard errors when the floor itself is below it."""
+    if n <= 0 or math.isnan(floor):
+        return min_agreement, 0.0
+    margin = 2.0 * math.sqrt(max(floor * (1.0 - floor), 1.0 / n) / n)
+    return (min_agreement, margin) if floor >= min_agreement else (floor - margin, margin)
+
+
 @pytest.mark.fastpath(kind="seeded", gate="features_seeded_reproducible")
 def test_seeded_reproducible(case, fp_models, fp_tier, record):
     fast, std, orc = fp_models["fast"], fp_models["standard"], fp_models["oracle"]
     tok = fast.tokenizer
     batch = min(4, _tier_max_batch(fp_tier))
-    reqs = [GenerationRequest(prompt_ids=tok.encode(f"Seeded request {i} says"), max_tokens=12, temperature=0.9,
+    reqs = [GenerationRequest(prompt_ids=tok.encode(f"Seeded request {i} says"), max_tokens=3, temperature=0.9,
                               top_p=0.95, seed=4242 + i) for i in range(batch)]
     with trace.recording() as rec:
         f1 = [list(r.token_ids) for r in fast.generate(reqs)]
@@ -274,47 +289,39 @@ def test_seeded_reproducible(case, fp_models, fp_tier, record):
            f"(floor standard vs oracle {floor:.3f})")
 
 
-def _parity_threshold(floor: float, n: int, min_agreement: float) -> tuple[float, float]:
-    if n <= 0 or math.isnan(floor):
-        return min_agreement, 0.0
-    margin = 2.0 * math.sqrt(max(floor * (1.0 - floor), 1.0 / n) / n)
-    return (min_agreement, margin) if floor >= min_agreement else (floor - margin, margin)
-
-
-MASK_TOP_K = 5
-MASK_TOP_P = 0.6
+MASK_TOP_K = 2
+MASK_TOP_P = 0.3
+MASK_TEMPERATURE = 1.2
+MASK_NOISE_FACTOR = 4.0  # boundary tolerance: this many times the standard-vs-oracle difference
 
 
 @pytest.mark.fastpath(kind="masks", gate="features_sampling_masks")
-def test_sampling_masks(case, fp_models, fp_tier, record):
+def test_sampling_masks(case, fp_models, fp_spec, fp_tier, record):
     mask = H.case_config(case)["mask"]
-    fast, std = fp_models["fast"], fp_models["standard"]
+    fast, std, orc = fp_models["fast"], fp_models["standard"], fp_models["oracle"]
     tok = fast.tokenizer
-    batch = _tier_max_batch(fp_tier)
-    n_req = 4 * batch
+    batch = H.scope_max_batch(fp_spec, fp_tier)
     kw = {"top_k": MASK_TOP_K} if mask == "top_k" else {"top_p": MASK_TOP_P}
-    prompts = [tok.encode(f"Mask test {i}: once upon a time") for i in range(n_req)]
-    outs = []
+    T = MASK_TEMPERATURE
+    prompts = [tok.encode(f"Mask test {i}: once upon a time") for i in range(batch)]
+    reqs = [GenerationRequest(prompt_ids=prompts[i], max_tokens=3, temperature=T, seed=777 + i, **kw)
+            for i in range(batch)]
     with trace.recording() as rec:
-        for s0 in range(0, n_req, batch):
-            reqs = [GenerationRequest(prompt_ids=prompts[i], max_tokens=12, temperature=1.0, seed=777 + i, **kw)
-                    for i in range(s0, min(n_req, s0 + batch))]
-            outs += [list(r.token_ids) for r in fast.generate(reqs)]
+        outs = [list(r.token_ids) for r in fast.generate(reqs)]
     seqs = [p + o for p, o in zip(prompts, outs) if o]
     starts = [len(p) for p, o in zip(prompts, outs) if o]
-    ls = std.score(seqs)
-    lf = fast.score(seqs)
+    ls, lo = std.score(seqs), orc.score(seqs)
     violations = []
     checked = 0
-    for seq, st, a, b in zip(seqs, starts, ls, lf):
+    for seq, st, a, b in zip(seqs, starts, ls, lo):
         la = a.detach().float().cpu().numpy().astype(np.float64)
         lb = b.detach().float().cpu().numpy().astype(np.float64)
         nv = _n_valid(tok, la.shape[-1])
         for pos in range(st, len(seq)):
             t = seq[pos]
-            xa, xb = _masked(la[pos - 1], nv), _masked(lb[pos - 1], nv)
-            fin = np.isfinite(xa) & np.isfinite(xb)
-            tol = float(np.max(np.abs(xa[fin] - xb[fin]))) if fin.any() else 0.0
+            xa, xo = _masked(la[pos - 1], nv) / T, _masked(lb[pos - 1], nv) / T
+            fin = np.isfinite(xa) & np.isfinite(xo)
+            tol = MASK_NOISE_FACTOR * float(np.max(np.abs(xa[fin] - xo[fin]))) + 1e-6 if fin.any() else 1e-6
             checked += 1
             if t >= nv:
                 violations.append({"pos": pos, "token": t, "why": "padding id"})
@@ -324,16 +331,17 @@ def test_sampling_masks(case, fp_models, fp_tier, record):
                 if not xa[t] >= kth - tol:
                     violations.append({"pos": pos, "token": t, "logit": xa[t], "kth": kth, "tol": tol})
             else:
-                pa, pb = _softmax(xa), _softmax(xb)
-                tv = 0.5 * float(np.abs(pa - pb).sum())
+                pa, po = _softmax(xa), _softmax(xo)
+                tv = MASK_NOISE_FACTOR * 0.5 * float(np.abs(pa - po).sum()) + 1e-6
                 above = float(pa[pa > pa[t]].sum())
                 if not above < MASK_TOP_P + tv:
-                    violations.append({"pos": pos, "token": t, "mass_above": above, "top_p": MASK_TOP_P, "tv": tv})
+                    violations.append({"pos": pos, "token": t, "mass_above": above, "top_p": MASK_TOP_P, "tol": tv})
     fired = len(rec.engaged("sampler")) > 0
     ok = fired and not violations and checked > 0
     record("features_sampling_masks", "tokens_outside_mask", len(violations), threshold=0, comparator="<=",
            passed=ok, batch=batch, path="fast",
-           detail={"mask": mask, "top_k": kw.get("top_k"), "top_p": kw.get("top_p"), "tokens_checked": checked},
+           detail={"mask": mask, "top_k": kw.get("top_k"), "top_p": kw.get("top_p"), "temperature": T,
+                   "tokens_checked": checked, "boundary_tolerance": f"{MASK_NOISE_FACTOR} x |standard - oracle|"},
            evidence=H.jsonable({"violations": violations[:50]}),
            message="" if ok else ("fast sampler did not engage" if not fired else
                                   f"{len(violations)} of {checked} sampled tokens outside the {mask} set"))
@@ -344,7 +352,7 @@ def test_full_context(case, fp_engine, fp_models, fp_gate, record):
     context = int(H.case_config(case)["context"])
     fast, std, orc = fp_models["fast"], fp_models["standard"], fp_models["oracle"]
     tok = fast.tokenizer
-    n_gen = 4
+    n_gen = 8 if H.device_kind(fp_engine) == "cuda" else 2
     prompt = H.prompt_ids(tok, 31337, context - n_gen)
     with trace.recording() as rec:
         res = fast.generate([GenerationRequest(prompt_ids=prompt, max_tokens=n_gen, temperature=0.0)])[0]
@@ -360,12 +368,20 @@ def test_full_context(case, fp_engine, fp_models, fp_gate, record):
            message="" if completed and fired else
            ("fast path did not engage at full context" if not fired else "generation did not complete"), **base)
     seq = prompt + ids
-    n_pos = min(64, max(1, context // 2))
-    ls, lf, lo = (m.score([seq])[0].detach().float().cpu().numpy().astype(np.float64)[-n_pos - 1:-1]
-                  for m in (std, fast, orc))
+    start = len(prompt) - 1  # rows start.. come from teacher-forced decode steps
+    with trace.recording() as rec2:
+        lf = H.score_teacher_forced(fast, [seq], start)[0]
+    ls = H.score_teacher_forced(std, [seq], start)[0]
+    lo = H.score_teacher_forced(orc, [seq], start)[0]
+    ls, lf, lo = (x.detach().float().cpu().numpy().astype(np.float64)[start:len(seq) - 1] for x in (ls, lf, lo))
+    n_pos = ls.shape[0]
     finite = bool(np.isfinite(lf).any(axis=-1).all()) and not bool(np.isnan(lf).any())
-    record("features_full_context", "finite_logits", 1.0 if finite else 0.0, threshold=1.0, comparator=">=",
-           detail={"positions": n_pos}, message="" if finite else "non-finite fast logits at full context", **base)
+    scored_fast = bool(rec2.engaged())
+    record("features_full_context", "finite_logits", 1.0 if finite and scored_fast else 0.0, threshold=1.0,
+           comparator=">=", detail={"positions": n_pos, "fast_engaged_while_scoring": scored_fast},
+           message="" if finite and scored_fast else
+           ("non-finite fast logits at full context" if not finite else "fast path did not engage while scoring"),
+           **base)
     g1, gk = fp_gate("parity_top1_agreement"), fp_gate("parity_kl")
     a_fs, a_so = stats.top1_agreement(lf, ls), stats.top1_agreement(ls, lo)
     thr, margin = _parity_threshold(a_so, n_pos, float(g1.get("min_agreement", 0.99)))

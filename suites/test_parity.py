@@ -2,10 +2,12 @@
 
 Per bucket (the plan's ``parity`` case: ``context`` = one of the tier's context lengths):
 ``n_seq`` deterministic prompts of ``context - g`` tokens are continued greedily by the
-STANDARD path for ``g`` tokens; every sequence is then scored (``model.score``, teacher
-forcing) on the standard, fast and oracle paths, and the predictions for the ``g`` continuation
-positions (those at ~``context`` tokens of context) are compared. ``n_seq * g`` >= the gate's
-``smoke_tokens`` / ``full_tokens`` (by tier).
+STANDARD path for ``g`` tokens; every sequence is then scored by teacher forcing on the
+standard, fast and oracle paths with ``model.score(seqs, prefill_len=prompt length - 1)``: the
+continuation positions run through batched decode steps (the fast decoder on the fast model),
+and the next-token distributions there (~``context`` tokens of context) are compared.
+``n_seq * g`` >= the gate's ``smoke_tokens`` / ``full_tokens`` (by tier), with ``n_seq`` up to
+the fast path's largest batch so the fast scoring takes ~``g`` decode steps.
 
 parity_top1_agreement  top-1(fast) == top-1(standard) rate >= threshold, where the noise floor is
                        a_so = top-1 agreement of standard vs oracle in the same run, and
@@ -57,9 +59,17 @@ def agreement_threshold(floor: float, n: int, min_agreement: float) -> tuple[flo
     return floor - margin, margin
 
 
-def plan_sequences(context: int, tokens: int) -> tuple[int, int]:
-    """(n_seq, g): generated tokens per sequence g <= context/2, n_seq * g >= tokens."""
-    g = max(1, min(context // 2, 256, tokens))
+def plan_sequences(context: int, tokens: int, max_batch: int,
+                   max_prefill_tokens: int | None = None) -> tuple[int, int]:
+    """(n_seq, g): g generated tokens per sequence, n_seq * g >= tokens, n_seq <= max_batch when
+    possible (the fast decode steps of the scoring run batched over the sequences, so their
+    number is ~g, the cost that matters under the CPU interpreter), g <= context / 2.
+    ``max_prefill_tokens`` caps n_seq * context (each path prefills every prompt once): long
+    buckets then use fewer, longer continuations instead of 64 prompts of 32k tokens."""
+    if max_prefill_tokens:
+        max_batch = max(1, min(max_batch, max_prefill_tokens // max(1, context)))
+    g = max(1, -(-tokens // max(1, max_batch)))
+    g = min(g, max(1, context // 2))
     n_seq = max(1, -(-tokens // g))
     return n_seq, g
 
@@ -69,7 +79,7 @@ def score_positions(model, seqs: list[list[int]], starts: list[int]) -> np.ndarr
 
     Positions from min(starts) - 1 on are teacher-forced DECODE steps (prefill_len), so on
     the fast path they are computed by the fast decoder, not by the standard prefill."""
-    out = model.score(seqs, prefill_len=min(starts) - 1)
+    out = H.score_teacher_forced(model, seqs, min(starts) - 1)
     rows = []
     for logits, seq, s in zip(out, seqs, starts):
         t = logits.detach().float().cpu().numpy()
@@ -77,11 +87,12 @@ def score_positions(model, seqs: list[list[int]], starts: list[int]) -> np.ndarr
     return np.concatenate(rows, axis=0).astype(np.float64)
 
 
-def bucket_compare(fp_models, context: int, tokens: int, seed: int = 0) -> dict:
+def bucket_compare(fp_models, context: int, tokens: int, max_batch: int, seed: int = 0,
+                   max_prefill_tokens: int | None = None) -> dict:
     """Generate on standard, score on the three paths; returns the metrics of one bucket."""
     std, fast, orc = fp_models["standard"], fp_models["fast"], fp_models["oracle"]
     tok = std.tokenizer
-    n_seq, g = plan_sequences(context, tokens)
+    n_seq, g = plan_sequences(context, tokens, max_batch, max_prefill_tokens)
     seqs, starts = [], []
     i = 0
     # continuations may stop early (EOS): top up with more prompts, up to 4x the planned number
@@ -124,11 +135,12 @@ def tokens_for_tier(fp_gate, fp_tier) -> int:
 
 
 @pytest.mark.fastpath(kind="parity", gates=["parity_top1_agreement", "parity_kl"])
-def test_parity(case, fp_models, fp_gate, fp_tier, record):
+def test_parity(case, fp_models, fp_gate, fp_spec, fp_tier, record):
     cfg = H.case_config(case)
     context = int(cfg["context"])
     tokens = tokens_for_tier(fp_gate, fp_tier)
-    m = bucket_compare(fp_models, context, tokens)
+    m = bucket_compare(fp_models, context, tokens, H.scope_max_batch(fp_spec, fp_tier),
+                       max_prefill_tokens=fp_gate("parity_top1_agreement").get("max_prefill_tokens"))
     g1 = fp_gate("parity_top1_agreement")
     gk = fp_gate("parity_kl")
     min_agree = float(g1.get("min_agreement", 0.99))

@@ -155,3 +155,97 @@ def test_rmsnorm_writes_into_cache_positions():
     mask = torch.ones(3, 8, dtype=torch.bool)
     mask[torch.arange(3), pos] = False
     assert cache[mask].abs().max() == 0  # nothing else written
+
+
+def _align_reference(ids, E, bm):
+    """Expected grouping: per expert (increasing id) its pairs in increasing order, in blocks of bm."""
+    flat = ids.flatten().tolist()
+    blocks = []
+    for e in range(E):
+        pairs = [p for p, x in enumerate(flat) if x == e]
+        for s in range(0, len(pairs), bm):
+            blocks.append((e, pairs[s:s + bm]))
+    return blocks
+
+
+@pytest.mark.parametrize("bm", [1, 2, 4, 16])
+def test_moe_align_groups_pairs_by_expert(bm):
+    g = torch.Generator().manual_seed(bm)
+    M, k, E = 9, 4, 6
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(M)]).to(torch.int32)
+    ids[:, 0] = 3  # a crowded expert (more than one block at small bm)
+    ids[:, 1] = torch.where(ids[:, 1] == 3, torch.tensor(5, dtype=torch.int32), ids[:, 1])
+    ids[:, 2:] = torch.where(ids[:, 2:] == 3, torch.tensor(0, dtype=torch.int32), ids[:, 2:])
+    al = MOE.moe_align(ids, E, bm)
+    want = _align_reference(ids, E, bm)
+    bexp, brows, srt = al.bexp.tolist(), al.brows.tolist(), al.sorted.tolist()
+    got = [(bexp[b], srt[b * bm: b * bm + brows[b]]) for b in range(al.max_blocks) if bexp[b] >= 0]
+    assert got == want
+    assert all(r == 0 for b, r in enumerate(brows) if bexp[b] < 0)
+
+
+def test_router_fused_align_matches_standalone_align():
+    e = MOE.kernel_entry("cpu")[0]
+    inp = e.make_inputs({"M": 5, "D": 96, "E": 12, "k": 4}, "normal", torch.float32, "cpu", 3)
+    al = MOE.MoeAlign(5, 4, 12, 2, "cpu")
+    ids, w = MOE.moe_router(**inp, align=al)
+    rid, _ = MOE.router_reference(**inp)
+    assert torch.equal(ids.sort(-1).values, rid.sort(-1).values)
+    ref = MOE.moe_align(ids, 12, 2)
+    assert torch.equal(al.bexp, ref.bexp) and torch.equal(al.brows, ref.brows)
+    valid = torch.repeat_interleave(ref.brows > 0, 2)
+    rows = (torch.arange(al.sorted.numel()) % 2) < torch.repeat_interleave(ref.brows, 2)
+    assert torch.equal(al.sorted[valid & rows], ref.sorted[valid & rows])
+    # and a second call re-uses the re-armed ticket
+    ids2, w2 = MOE.moe_router(**inp, align=al)
+    assert torch.equal(ids2, ids) and torch.equal(w2, w)
+
+
+def test_grouped_experts_small_m_crowded_expert():
+    """Small-M blocks (BLOCK_M 2) with one expert holding several blocks."""
+    e = MOE.kernel_entry("cpu")[1]
+    inp = e.make_inputs({"M": 7, "L": 48, "I": 24, "E": 5, "k": 2}, "normal", torch.float32, "cpu", 2)
+    inp["ids"][:, 0] = 1
+    inp["ids"][:, 1] = torch.where(inp["ids"][:, 1] == 1, torch.tensor(4, dtype=torch.int32), inp["ids"][:, 1])
+    ref = MOE.experts_reference(**inp)
+    for cfg in ({"BLOCK_M": 2, "BLOCK_N": 16, "BLOCK_K": 32}, {"BLOCK_M": 1, "BLOCK_N": 8, "BLOCK_K": 64,
+                                                                "BLOCK_N_DOWN": 16, "BLOCK_K_DOWN": 16}):
+        out = MOE.moe_experts(**inp, config=cfg)
+        assert (out - ref).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("epilogue,norm", [("none", True), ("swiglu", True), ("residual", False)])
+def test_gemv_small_m_prefetch_is_bitwise_the_same(epilogue, norm):
+    """The register double buffer of W (``prefetch``) changes when tiles load, not the math;
+    ragged K and split-K included."""
+    g = torch.Generator().manual_seed(5)
+    M, N, K = 3, 24, 200
+    x = torch.randn(M, K, generator=g)
+    w = torch.randn(2 * N if epilogue == "swiglu" else N, K, generator=g) / K ** 0.5
+    kw = {"epilogue": epilogue}
+    if norm:
+        kw["norm_weight"] = 1 + 0.1 * torch.randn(K, generator=g)
+    if epilogue == "residual":
+        kw["residual"] = torch.randn(M, N, generator=g)
+    base = {"BLOCK_M": 4, "BLOCK_N": 8, "BLOCK_K": 32, "SPLIT_K": 3}
+    a = G.gemv(x, w, config=dict(base, prefetch=0), **kw)
+    b = G.gemv(x, w, config=dict(base, prefetch=1), **kw)
+    assert torch.equal(a, b)
+    ref = G.gemv_reference(x, w, dtype=torch.float32, **kw)
+    assert (b - ref).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("epilogue", ["none", "swiglu"])
+def test_gemv_folded_norm_dot_tiles_split_k(epilogue):
+    """RMSNorm folded into the K loop (rstd applied at the end) on the tl.dot tiles, with the
+    partial sums of squares carried through the split-K workspace."""
+    g = torch.Generator().manual_seed(9)
+    M, N, K = 18, 20, 136
+    x = torch.randn(M, K, generator=g) * 3
+    w = torch.randn(2 * N if epilogue == "swiglu" else N, K, generator=g) / K ** 0.5
+    nw = 1 + 0.1 * torch.randn(K, generator=g)
+    ref = G.gemv_reference(x, w, epilogue=epilogue, norm_weight=nw, dtype=torch.float32)
+    for split in (1, 3):
+        y = G.gemv(x, w, epilogue=epilogue, norm_weight=nw,
+                   config={"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": split})
+        assert (y - ref).abs().max().item() < 1e-4, split

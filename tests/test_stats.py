@@ -108,3 +108,19 @@ def test_kl_and_top1():
     assert math.isfinite(stats.kl_divergence(m, np.array([[0.0, 3.0, 1.0]]))[0])
     assert stats.kl_divergence(np.array([[0.0, 3.0, 1.0]]), m)[0] == np.inf
     assert math.isnan(stats.kl_divergence(np.array([[np.nan, 0.0]]), np.array([[0.0, 0.0]]))[0])
+
+
+def test_randomized_pit_uniform_only_for_the_right_distribution():
+    rng = np.random.default_rng(3)
+    us_good, us_bad = [], []
+    for _ in range(3000):
+        logits = rng.normal(0, 2, 50)
+        p = np.exp(logits) / np.exp(logits).sum()
+        q = np.exp(logits / 0.6) / np.exp(logits / 0.6).sum()  # temperature 0.6
+        us_good.append(stats.randomized_pit(q, int(rng.choice(50, p=q)), rng.random()))
+        us_bad.append(stats.randomized_pit(q, int(rng.choice(50, p=p)), rng.random()))  # temperature ignored
+    assert stats.uniformity_g_test(us_good).passed(0.001)
+    assert not stats.uniformity_g_test(us_bad).passed(0.001)
+    # rank order: the most likely token maps into [0, p_max)
+    assert stats.randomized_pit([0.1, 0.7, 0.2], 1, 0.5) == pytest.approx(0.35)
+    assert stats.randomized_pit([0.1, 0.7, 0.2], 0, 0.0) == pytest.approx(0.9)

@@ -162,12 +162,12 @@ class DoubleModel:
         return torch.cat(rows), s
 
     # ---- protocol ----------------------------------------------------------------------
-    def score(self, token_ids: list[list[int]], decode_from: list[int] | None = None) -> list[torch.Tensor]:
-        """Teacher forcing: positions >= decode_from[b] go through decode steps (the fast path
-        on the fast model), earlier ones are prefilled (docs/architecture.md)."""
+    def score(self, token_ids: list[list[int]], prefill_len: int | None = None) -> list[torch.Tensor]:
+        """Teacher forcing: rows from ``prefill_len`` on come from decode steps fed the true
+        token (the fast path on the fast model), earlier ones from a prefill."""
         out = []
-        for b, ids in enumerate(token_ids):
-            start = len(ids) if decode_from is None else max(1, int(decode_from[b]))
+        for ids in token_ids:
+            start = len(ids) if prefill_len is None else max(1, min(int(prefill_len), len(ids)))
             rows, s = self._prefill(ids[:start])
             rows = [rows]
             for i in range(start, len(ids)):
@@ -258,7 +258,13 @@ class DoubleModel:
     def decode_step(self, batch: int, context: int, draft: int = 0):
         tok = torch.arange(batch) % 256
         s = torch.randn(batch, D, generator=torch.Generator().manual_seed(context))
-        return lambda: self._step(tok, s, context)
+
+        def step():  # one whole decode step: model + sampler (greedy)
+            logits, _, fast = self._step(tok, s, context)
+            reqs = [_Greedy()] * batch
+            return self._sample(logits, reqs, [None] * batch, [None] * batch, fast)
+
+        return step
 
     def prefill_step(self, batch: int, context: int):
         tok = torch.arange(batch) % 256
@@ -272,6 +278,10 @@ class DoubleModel:
 
     def close(self) -> None:
         pass
+
+
+class _Greedy:
+    temperature, top_k, top_p = 0.0, 0, 1.0
 
 
 _GRAMMARS: dict[str, Any] = {}

@@ -12,8 +12,10 @@ Per layer (weights prepacked once at build time; every projection is an ``fp_gem
         1 add_rmsnorm  kv_a_norm, written straight into the latent cache at lengths[b]
         mla_decode (split-KV flash decoding + combine; kernels/mla_decode.py)
         1 grouped gemv W_uv with the sigmoid-gate epilogue ; 1 gemv o_proj + residual
-  MoE   main stream: fused router (norm prologue, fp32 sigmoid, bias, top-k, normalise, scale);
-        latent down gemv (norm prologue); grouped experts up (SwiGLU) + down (× routing weight)
+  MoE   main stream: fused router (norm prologue, parallel fp32 logits; its last program:
+        sigmoid, bias, top-k, normalise, scale, and the by-expert grouping of the pairs);
+        latent down gemv (norm prologue); sorted experts up (SwiGLU) + down (× routing weight),
+        grid (expert block, N tile): each selected expert's weights streamed once by many programs
         side stream (overlapped): shared expert gate|up SwiGLU gemv (norm prologue), down gemv
         with residual epilogue → x + shared
         join (event), latent up gemv: slot-sum prologue + residual epilogue (x + shared)
@@ -139,6 +141,9 @@ class FastDecoder:
             "rw": e(B, cfg.top_k, dtype=torch.float32),
             "eh": e(B * cfg.top_k, cfg.expert_inter),
             "eo": e(B, cfg.top_k, cfg.moe_latent, dtype=torch.float32),
+            "router_scratch": MOE.RouterScratch(B, cfg.n_experts, dev),
+            "align": MOE.MoeAlign(B, cfg.top_k, cfg.n_experts,
+                                  MOE.experts_block_m(B, tuning.lookup("moe_experts", B, device=dev)), dev),
             "logits": torch.full((B, cfg.vocab_size), float("-inf"), dtype=torch.float32, device=dev),
             "events": [(torch.cuda.Event(), torch.cuda.Event()) for _ in range(cfg.n_layers)] if self.on_cuda else None,
         }
@@ -214,7 +219,8 @@ class FastDecoder:
                    conv[:, :d], conv[:, d:2 * d], conv[:, 2 * d:], *p.conv_w,
                    p.A_log, p.dt_bias, state.kda[p.slot], p.o_norm,
                    num_heads=cfg.kda_heads, head_k=cfg.kda_head_dim, head_v=cfg.kda_head_dim,
-                   eps_l2=1e-6, eps_norm=cfg.norm_eps, lower_bound=cfg.kda_lower_bound, out=o)
+                   eps_l2=1e-6, eps_norm=cfg.norm_eps, lower_bound=cfg.kda_lower_bound, out=o,
+                   block_v=int(tuning.entry("kda_decode", B, device=self.device).get("BLOCK_V", 0)) or None)
         c2 = self._gemv(f"L{i}.o", o, p.o_proj, x_out, epilogue="residual", residual=x)
         trace.engaged("dense_gemv", G.variant_name(B, c), layer=i, op="kda_in", batch=B, N=n_in, K=cfg.hidden)
         trace.engaged("norm_residual", "fused_gemv_prologue_epilogue", layer=i, batch=B)
@@ -274,16 +280,16 @@ class FastDecoder:
         rcfg = tuning.lookup("moe_router", B, device=self.device)
         MOE.moe_router(x, p.router, p.router_bias, cfg.top_k, routed_scaling=cfg.routed_scaling,
                        norm_weight=p.ffn_norm, eps=cfg.norm_eps, ids=bufs["ids"], weights=bufs["rw"],
-                       config=rcfg)
+                       config=rcfg, scratch=bufs["router_scratch"], align=bufs["align"])
         lat = bufs["lat"]
         self._gemv(f"L{i}.down", x, p.moe_down, lat, norm_weight=p.ffn_norm)
         ecfg = tuning.lookup("moe_experts", B, device=self.device)
         MOE.moe_experts(lat, bufs["ids"], bufs["rw"], p.ew13, p.ew2, h_buf=bufs["eh"], out=bufs["eo"],
-                        config=ecfg)
+                        config=ecfg, align=bufs["align"])
         if self.on_cuda:
             torch.cuda.current_stream(self.device).wait_event(join)
         self._gemv(f"L{i}.up", bufs["eo"], p.moe_up, x_out, epilogue="residual", residual=xs)
-        trace.engaged("moe_router", "triton_fused", layer=i, batch=B, experts=cfg.n_experts, top_k=cfg.top_k)
+        trace.engaged("moe_router", "triton_parallel_topk_align", layer=i, batch=B, experts=cfg.n_experts, top_k=cfg.top_k)
         trace.engaged("moe_experts", MOE.variant_name(B, ecfg), layer=i, batch=B, experts=cfg.n_experts,
                       top_k=cfg.top_k, latent=cfg.moe_latent, inter=cfg.expert_inter)
         trace.engaged("shared_expert", G.variant_name(B, c_sh) + "_" + overlap, layer=i, batch=B, inter=Is)

@@ -6,16 +6,18 @@ runtime range, and on GPU the few distinct K of a model compile once each.
 
 One Triton kernel, specialised at compile time (constexpr) by the tuning table:
 
-* small-M variant (batch 1–2, ``BLOCK_M`` < 16): each program streams a slab of ``BLOCK_N`` rows
-  of W with wide vector loads along K and reduces with a broadcast-multiply (no tensor cores:
-  at M ≤ 2 the step is pure bandwidth);
+* small-M variant (batch 1–4, ``BLOCK_M`` < 16): each program streams a slab of ``BLOCK_N`` rows
+  of W with wide vector loads along K; the W tile is multiplied with each row of x in turn
+  (2-D products, row loop unrolled: W is loaded once for all rows; no tensor cores: at M ≤ 4
+  the step is pure bandwidth);
 * tiled variant (batch 4–64): ``tl.dot`` tiles, ``BLOCK_M`` ≥ 16;
 * split-K (any variant, ``SPLIT_K`` > 1) when N alone gives too few programs: partial sums go to
   an fp32 workspace and the LAST program of each output tile (atomic ticket) reduces them in a
   fixed order and applies the epilogue — one launch, deterministic (no float atomics).
 
-Fused prologues: RMSNorm of x (``norm_weight``; the row's rstd is computed in the program, x is
-tiny and stays in L2), sum over slots of x (``x`` of shape [M, S, K]: the routed experts'
+Fused prologues: RMSNorm of x (``norm_weight``; folded: the K loop accumulates Σ (x·nw)·W and
+Σ x² from the x tiles it loads anyway, rstd scales the accumulator at the end — no separate pass
+over the row before W streams; split-K carries the partial Σ x² in its workspace), sum over slots of x (``x`` of shape [M, S, K]: the routed experts'
 per-slot outputs are reduced here). Fused epilogues: ``residual`` (y = xWᵀ + r), ``swiglu``
 (W = [gate; up] concatenated, y = silu(x Wgᵀ)·(x Wuᵀ), one pass), ``sigmoid_gate``
 (y = xWᵀ · sigmoid(g)).
@@ -43,7 +45,7 @@ def fp_gemv_kernel(
     K: tl.constexpr, K_SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, XSLOTS: tl.constexpr, NORM: tl.constexpr,
-    EPI: tl.constexpr, USE_DOT: tl.constexpr,
+    EPI: tl.constexpr, USE_DOT: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     pid0 = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -61,45 +63,70 @@ def fp_gemv_kernel(
     m_ok = rm < M
     n_ok = rn < N
 
-    # prologue: RMSNorm statistics over the full row of x (cheap; x is L2-resident)
-    if NORM:
-        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + rk
-            xk = tl.load(X + rm[:, None] * stride_xm + kk[None, :],
-                         mask=m_ok[:, None] & (kk[None, :] < K), other=0.0).to(tl.float32)
-            ss += tl.sum(xk * xk, axis=1)
-        rstd = 1.0 / tl.sqrt(ss / K + eps)
-
+    # RMSNorm prologue, folded: y = rstd · Σ_k (x·nw)_k W_k, so the sum of squares is gathered
+    # in the main loop from the x tiles it loads anyway (no separate pass over the row before
+    # the first W byte moves) and rstd is applied to the accumulator at the end; under split-K
+    # the partial sums of squares go through the workspace with the partial products.
+    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     k_lo = pid_s * K_SPLIT
+    if PREFETCH:
+        # small M: register double buffer of the W tile (Triton does not pipeline loads that do
+        # not feed a tl.dot): the next tile is in flight while this one is reduced
+        kk0 = k_lo + rk
+        wmask0 = n_ok[:, None] & (kk0[None, :] < K)
+        w_nx = tl.load(W + rn[:, None] * stride_wn + kk0[None, :], mask=wmask0, other=0.0)
+        if EPI == 2:
+            w2_nx = tl.load(W + (rn[:, None] + N) * stride_wn + kk0[None, :], mask=wmask0, other=0.0)
     for k0 in range(0, K_SPLIT, BLOCK_K):
         kk = k_lo + k0 + rk
         k_ok = kk < K
+        if PREFETCH:
+            w = w_nx
+            if EPI == 2:
+                w2 = w2_nx
+            kn = kk + BLOCK_K
+            nmask = n_ok[:, None] & (kn[None, :] < K) & (k0 + BLOCK_K < K_SPLIT)
+            w_nx = tl.load(W + rn[:, None] * stride_wn + kn[None, :], mask=nmask, other=0.0)
+            if EPI == 2:
+                w2_nx = tl.load(W + (rn[:, None] + N) * stride_wn + kn[None, :], mask=nmask, other=0.0)
+        else:
+            wmask = n_ok[:, None] & k_ok[None, :]
+            w = tl.load(W + rn[:, None] * stride_wn + kk[None, :], mask=wmask, other=0.0)
+            if EPI == 2:
+                w2 = tl.load(W + (rn[:, None] + N) * stride_wn + kk[None, :], mask=wmask, other=0.0)
         xmask = m_ok[:, None] & k_ok[None, :]
         xk = tl.load(X + rm[:, None] * stride_xm + kk[None, :], mask=xmask, other=0.0).to(tl.float32)
         for s in tl.static_range(1, XSLOTS):
             xk += tl.load(X + rm[:, None] * stride_xm + s * stride_xs + kk[None, :],
                           mask=xmask, other=0.0).to(tl.float32)
         if NORM:
+            ss += tl.sum(xk * xk, axis=1)
             nw = tl.load(NW + kk, mask=k_ok, other=0.0).to(tl.float32)
-            xk = xk * rstd[:, None] * nw[None, :]
-        wmask = n_ok[:, None] & k_ok[None, :]
-        w = tl.load(W + rn[:, None] * stride_wn + kk[None, :], mask=wmask, other=0.0)
-        if EPI == 2:
-            w2 = tl.load(W + (rn[:, None] + N) * stride_wn + kk[None, :], mask=wmask, other=0.0)
+            xk = xk * nw[None, :]
         if USE_DOT:
             xd = xk.to(w.dtype)
             acc += tl.dot(xd, tl.trans(w))
             if EPI == 2:
                 acc2 += tl.dot(xd, tl.trans(w2))
         else:
-            # round x like a matmul in the working dtype would, then reduce in fp32
+            # round x like a matmul in the working dtype would, then reduce in fp32. The W tile
+            # is loaded once (2-D) and multiplied with each row of x in turn: no 3-D broadcast,
+            # so M = 2 does not load (or hold) W twice.
             xr = xk.to(w.dtype).to(tl.float32)
-            acc += tl.sum(xr[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+            wf = w.to(tl.float32)
             if EPI == 2:
-                acc2 += tl.sum(xr[:, None, :] * w2.to(tl.float32)[None, :, :], axis=2)
+                w2f = w2.to(tl.float32)
+            rl = tl.arange(0, BLOCK_M)
+            for mi in tl.static_range(BLOCK_M):
+                if BLOCK_M == 1:
+                    xm = tl.sum(xr, axis=0)
+                else:
+                    xm = tl.sum(tl.where(rl[:, None] == mi, xr, 0.0), axis=0)
+                acc += tl.where(rl[:, None] == mi, tl.sum(wf * xm[None, :], axis=1)[None, :], 0.0)
+                if EPI == 2:
+                    acc2 += tl.where(rl[:, None] == mi, tl.sum(w2f * xm[None, :], axis=1)[None, :], 0.0)
 
     out_mask = m_ok[:, None] & n_ok[None, :]
     is_last = True
@@ -111,6 +138,9 @@ def fp_gemv_kernel(
         tl.store(WS + pid_s * plane + wofs, acc, mask=out_mask)
         if EPI == 2:
             tl.store(WS + (SPLIT_K + pid_s) * plane + wofs, acc2, mask=out_mask)
+        ss_base = WS + (2 * SPLIT_K if EPI == 2 else SPLIT_K) * plane
+        if NORM:  # every N tile writes the same partial sums of squares (same bits)
+            tl.store(ss_base + pid_s * M + rm, ss, mask=m_ok)
         tl.debug_barrier()
         ticket = tl.atomic_add(CNT + tile, 1, sem="acq_rel")
         is_last = ticket == SPLIT_K - 1
@@ -122,8 +152,17 @@ def fp_gemv_kernel(
                 if EPI == 2:
                     acc2 += tl.load(WS + (SPLIT_K + s) * plane + wofs, mask=out_mask, other=0.0,
                                     cache_modifier=".cg")
+            if NORM:
+                ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+                for s in range(0, SPLIT_K):
+                    ss += tl.load(ss_base + s * M + rm, mask=m_ok, other=0.0, cache_modifier=".cg")
             tl.atomic_xchg(CNT + tile, 0)  # re-arm for the next launch / graph replay
     if is_last:
+        if NORM:
+            rstd = 1.0 / tl.sqrt(ss / K + eps)
+            acc = acc * rstd[:, None]
+            if EPI == 2:
+                acc2 = acc2 * rstd[:, None]
         if EPI == 1:
             r = tl.load(R + rm[:, None] * stride_rm + rn[None, :], mask=out_mask, other=0.0)
             acc = acc + r.to(tl.float32)
@@ -152,7 +191,8 @@ class GemvScratch:
 
     def __init__(self, M: int, N: int, split_k: int, swiglu: bool, device):
         planes = split_k * (2 if swiglu else 1)
-        self.ws = torch.empty(max(1, planes * M * N), dtype=torch.float32, device=device)
+        # partial products, then the partial sums of squares of the folded RMSNorm (split_k x M)
+        self.ws = torch.empty(max(1, planes * M * N + split_k * M), dtype=torch.float32, device=device)
         self.cnt = torch.zeros(4096, dtype=torch.int32, device=device)
 
 
@@ -221,7 +261,7 @@ def gemv(
     if split > 1:
         if scratch is None:
             scratch = GemvScratch(M, N, split, epi == 2, x.device)
-        assert scratch.ws.numel() >= split * (2 if epi == 2 else 1) * M * N
+        assert scratch.ws.numel() >= split * (2 if epi == 2 else 1) * M * N + split * M
         assert n_tiles * grid[2] <= scratch.cnt.numel()
         ws, cnt = scratch.ws, scratch.cnt
     else:
@@ -235,6 +275,7 @@ def gemv(
         K=K, K_SPLIT=k_split,
         BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, SPLIT_K=split, XSLOTS=slots,
         NORM=norm_weight is not None, EPI=epi, USE_DOT=use_dot,
+        PREFETCH=bool(int(cfg.get("prefetch", 0))) and not use_dot,
         num_warps=int(cfg.get("num_warps", 4)), num_stages=_stages(cfg, BM, BN, BK, slots, epi, x, w, use_dot),
     )
     return out

@@ -1,22 +1,27 @@
 """Latent MoE kernels of the fast path (components ``moe_router`` and ``moe_experts``).
 
-* ``fp_moe_router_kernel`` — one program per token: RMSNorm of x (prologue, the ffn norm),
-  fp32 router logits against the fp32 router weight, sigmoid, + correction bias (selection only),
+* ``fp_moe_router_kernel`` — grid (expert blocks, token blocks): each program computes the fp32
+  router logits of BLOCK_M tokens x BLOCK_E experts (RMSNorm of x in the prologue — the ffn norm,
+  in wide chunks — the normed x rounded to the working dtype like the standard path, fp32 weight), stores them to a workspace and
+  takes an atomic ticket; the LAST program applies sigmoid, + correction bias (selection only),
   top-k by repeated argmax (ties: lowest id), weights = selected sigmoid scores normalised over
-  the k and scaled by ``routed_scaling``. Writes ids int32 [M, k] and weights fp32 [M, k].
-* ``fp_moe_experts_up_kernel`` / ``fp_moe_experts_down_kernel`` — grouped routed experts in
-  the latent width. Grid (expert, N-block): a program serves ONE expert, so only the selected
-  experts' weights are read (programs of unselected experts exit at once) and each selected
-  expert's weights are read once whatever the number of tokens routed to it. The (token, slot)
-  pairs routed to the expert are compacted in registers (cumsum over the pair list, no sort
-  kernel, no host sync), processed BLOCK_T at a time (``tl.dot`` when BLOCK_T ≥ 16).
+  the k and scaled by ``routed_scaling``, for every token, writes ids int32 [M, k] and weights
+  fp32 [M, k], and (``align``) groups the pairs by expert (below). One launch, deterministic.
+* ``fp_moe_experts_align_kernel`` (or the router's last program) — the (token, slot) pairs
+  grouped by expert, on device, no host sync: per expert (increasing id) its pairs in increasing
+  pair order, cut into blocks of BLOCK_M rows; per block its expert (-1 = unused) and its rows.
+* ``fp_moe_experts_up_kernel`` / ``fp_moe_experts_down_kernel`` — grid (expert block, N tile):
+  the selected experts' weights are streamed once each, by many programs (an expert with more
+  pairs than BLOCK_M has several blocks: only then are its weights read again, mostly from L2).
+  BLOCK_M ≥ 16: ``tl.dot`` tiles; below: the small-M form (the W tile is loaded once and
+  multiplied with each row in turn — no 3-D broadcast, no duplicated W loads).
   up:   h[pair] = silu(lat[tok] Wg[e]ᵀ) · (lat[tok] Wu[e]ᵀ)          (W13[e] = [gate; up])
   down: o[pair] = round(h[pair] W2[e]ᵀ) · weight[pair]   (fp32 [M, k, latent])
   The sum over the k slots happens in the prologue of the latent up-projection gemv
   (kernels/gemv.py, x of shape [M, k, latent]) — deterministic, no atomics.
 
 Loop bounds are compile-time constants (Triton 3.6's interpreter cannot range over runtime
-values); the token-tile loop runs to a constexpr bound and skips empty tiles.
+values); the row loop of the small-M form is unrolled (BLOCK_M is a constexpr).
 """
 
 from __future__ import annotations
@@ -29,145 +34,209 @@ from .entry import KernelSpec, default_dtypes
 
 
 @triton.jit
-def fp_moe_router_kernel(X, NW, RW, RB, IDS, WOUT, eps, scaling, stride_xm,
-                         D: tl.constexpr, E: tl.constexpr, TOPK: tl.constexpr,
-                         BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr):
-    m = tl.program_id(0)
+def _moe_align(IDS, SORTED, BEXP, BROWS, P, E: tl.constexpr, BLOCK_P: tl.constexpr,
+               BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, MAX_BLOCKS: tl.constexpr,
+               BLOCK_B: tl.constexpr):
+    """Group the (token, slot) pairs by expert: SORTED[blk * BLOCK_M + j] = j-th pair of block
+    blk (pairs of one expert in increasing pair order, each expert's run padded to BLOCK_M),
+    BEXP[blk] = the block's expert (-1: unused block), BROWS[blk] = its valid rows."""
+    rp = tl.arange(0, BLOCK_P)
+    p_ok = rp < P
+    ids = tl.load(IDS + rp, mask=p_ok, other=-1)
     re = tl.arange(0, BLOCK_E)
+    match = ids[None, :] == re[:, None]                      # [E, P]
+    mi = match.to(tl.int32)
+    cnt = tl.sum(mi, axis=1)                                 # pairs per expert
+    nblk = (cnt + BLOCK_M - 1) // BLOCK_M
+    off = tl.cumsum(nblk, axis=0) - nblk                     # first block of each expert
+    pos = tl.cumsum(mi, axis=1) - 1                          # rank of the pair within its expert
+    rank = tl.sum(tl.where(match, pos, 0), axis=0)
+    poff = tl.sum(tl.where(match, off[:, None], 0), axis=0)
+    tl.store(SORTED + poff * BLOCK_M + rank, rp, mask=p_ok & (ids >= 0) & (ids < E))
+    rb = tl.arange(0, BLOCK_B)
+    inb = (rb[:, None] >= off[None, :]) & (rb[:, None] < (off + nblk)[None, :])   # [B, E]
+    eb = tl.sum(tl.where(inb, re[None, :], 0), axis=1)
+    nhit = tl.sum(inb.to(tl.int32), axis=1)
+    left = cnt[None, :] - (rb[:, None] - off[None, :]) * BLOCK_M
+    rows = tl.sum(tl.where(inb, tl.minimum(left, BLOCK_M), 0), axis=1)
+    b_ok = rb < MAX_BLOCKS
+    tl.store(BEXP + rb, tl.where(nhit > 0, eb, -1), mask=b_ok)
+    tl.store(BROWS + rb, rows, mask=b_ok)
+
+
+@triton.jit
+def fp_moe_experts_align_kernel(IDS, SORTED, BEXP, BROWS, P, E: tl.constexpr, BLOCK_P: tl.constexpr,
+                                BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr,
+                                MAX_BLOCKS: tl.constexpr, BLOCK_B: tl.constexpr):
+    _moe_align(IDS, SORTED, BEXP, BROWS, P, E, BLOCK_P, BLOCK_E, BLOCK_M, MAX_BLOCKS, BLOCK_B)
+
+
+@triton.jit
+def fp_moe_router_kernel(X, NW, RW, RB, LG, CNT, IDS, WOUT, SORTED, BEXP, BROWS,
+                         M, eps, scaling, stride_xm,
+                         D: tl.constexpr, E: tl.constexpr, TOPK: tl.constexpr,
+                         BLOCK_ME: tl.constexpr, BLOCK_RE: tl.constexpr, BLOCK_K: tl.constexpr,
+                         BLOCK_MM: tl.constexpr, BLOCK_E: tl.constexpr, NORM: tl.constexpr,
+                         NORM_BK: tl.constexpr, ALIGN: tl.constexpr, BLOCK_P: tl.constexpr, ALIGN_M: tl.constexpr,
+                         MAX_BLOCKS: tl.constexpr, BLOCK_B: tl.constexpr):
+    # phase 1 (every program): fp32 logits of BLOCK_ME tokens x BLOCK_RE experts
+    pid_e = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    rm = pid_m * BLOCK_ME + tl.arange(0, BLOCK_ME)
+    re = pid_e * BLOCK_RE + tl.arange(0, BLOCK_RE)
     rk = tl.arange(0, BLOCK_K)
+    m_ok = rm < M
     e_ok = re < E
     if NORM:
-        ss = tl.zeros([BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, D, BLOCK_K):
-            kk = k0 + rk
-            xk = tl.load(X + m * stride_xm + kk, mask=kk < D, other=0.0).to(tl.float32)
-            ss += xk * xk
-        rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / D + eps)
-    acc = tl.zeros([BLOCK_E], dtype=tl.float32)
+        # statistics first (exactly the standard path's rounding of the normed x below: the
+        # top-k selection must not flip on a different rounding); wide chunks, few round trips
+        rkn = tl.arange(0, NORM_BK)
+        ss = tl.zeros([BLOCK_ME], dtype=tl.float32)
+        for k0 in range(0, D, NORM_BK):
+            kk = k0 + rkn
+            xn = tl.load(X + rm[:, None] * stride_xm + kk[None, :],
+                         mask=m_ok[:, None] & (kk[None, :] < D), other=0.0).to(tl.float32)
+            ss += tl.sum(xn * xn, axis=1)
+        rstd = 1.0 / tl.sqrt(ss / D + eps)
+    acc = tl.zeros([BLOCK_ME, BLOCK_RE], dtype=tl.float32)
     for k0 in range(0, D, BLOCK_K):
         kk = k0 + rk
         k_ok = kk < D
-        xk = tl.load(X + m * stride_xm + kk, mask=k_ok, other=0.0)
+        w = tl.load(RW + re[:, None] * D + kk[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
+        w = w.to(tl.float32)
+        xk = tl.load(X + rm[:, None] * stride_xm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         if NORM:
             nw = tl.load(NW + kk, mask=k_ok, other=0.0).to(tl.float32)
-            xk = (xk.to(tl.float32) * rstd * nw).to(X.dtype.element_ty)  # the normed x, rounded
-        w = tl.load(RW + re[:, None] * D + kk[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += tl.sum(xk.to(tl.float32)[None, :] * w.to(tl.float32), axis=1)
-    score = 1.0 / (1.0 + tl.exp(-acc))
-    sel = score + tl.load(RB + re, mask=e_ok, other=0.0).to(tl.float32)
-    sel = tl.where(e_ok, sel, float("-inf"))
-    rt = tl.arange(0, TOPK)
-    ids = tl.zeros([TOPK], dtype=tl.int32)
-    ws = tl.zeros([TOPK], dtype=tl.float32)
-    for j in tl.static_range(TOPK):
-        best = tl.max(sel, axis=0)
-        idx = tl.min(tl.where(sel == best, re, BLOCK_E), axis=0)  # lowest id among ties
-        sc = tl.sum(tl.where(re == idx, score, 0.0), axis=0)
-        ids = tl.where(rt == j, idx, ids)
-        ws = tl.where(rt == j, sc, ws)
-        sel = tl.where(re == idx, float("-inf"), sel)
-    ws = ws / tl.sum(ws, axis=0) * scaling
-    tl.store(IDS + m * TOPK + rt, ids)
-    tl.store(WOUT + m * TOPK + rt, ws)
+            # the normed x, rounded to the working dtype (the standard path's router input)
+            xk = (xk.to(tl.float32) * rstd[:, None] * nw[None, :]).to(X.dtype.element_ty)
+        acc += tl.sum(xk.to(tl.float32)[:, None, :] * w[None, :, :], axis=2)
+    tl.store(LG + rm[:, None] * E + re[None, :], acc, mask=m_ok[:, None] & e_ok[None, :])
+    # phase 2 (the last program to finish, atomic ticket): sigmoid, bias, top-k of every token
+    tl.debug_barrier()
+    n_prog = tl.num_programs(0) * tl.num_programs(1)
+    ticket = tl.atomic_add(CNT, 1, sem="acq_rel")
+    if ticket == n_prog - 1:
+        ra = tl.arange(0, BLOCK_MM)
+        ea = tl.arange(0, BLOCK_E)
+        a_ok = ra < M
+        ea_ok = ea < E
+        lg = tl.load(LG + ra[:, None] * E + ea[None, :], mask=a_ok[:, None] & ea_ok[None, :], other=0.0,
+                     cache_modifier=".cg")
+        score = 1.0 / (1.0 + tl.exp(-lg))
+        sel = score + tl.load(RB + ea, mask=ea_ok, other=0.0).to(tl.float32)[None, :]
+        sel = tl.where(ea_ok[None, :], sel, float("-inf"))
+        rt = tl.arange(0, TOPK)
+        ids = tl.zeros([BLOCK_MM, TOPK], dtype=tl.int32)
+        ws = tl.zeros([BLOCK_MM, TOPK], dtype=tl.float32)
+        for j in tl.static_range(TOPK):
+            best = tl.max(sel, axis=1)
+            hit = sel == best[:, None]
+            idx = tl.min(tl.where(hit, ea[None, :], BLOCK_E), axis=1)  # lowest id among ties
+            one = ea[None, :] == idx[:, None]
+            sc = tl.sum(tl.where(one, score, 0.0), axis=1)
+            ids = tl.where(rt[None, :] == j, idx[:, None], ids)
+            ws = tl.where(rt[None, :] == j, sc[:, None], ws)
+            sel = tl.where(one, float("-inf"), sel)
+        ws = ws / tl.sum(ws, axis=1)[:, None] * scaling
+        o_mask = a_ok[:, None] & (rt[None, :] < TOPK)
+        tl.store(IDS + ra[:, None] * TOPK + rt[None, :], ids, mask=o_mask)
+        tl.store(WOUT + ra[:, None] * TOPK + rt[None, :], ws, mask=o_mask)
+        tl.atomic_xchg(CNT, 0)  # re-arm for the next launch / graph replay
+        if ALIGN:
+            tl.debug_barrier()
+            _moe_align(IDS, SORTED, BEXP, BROWS, M * TOPK, E, BLOCK_P, BLOCK_E, ALIGN_M,
+                       MAX_BLOCKS, BLOCK_B)
 
 
 @triton.jit
-def _count_of_expert(IDS, e, P, BLOCK_P: tl.constexpr):
-    """Number of (token, slot) pairs routed to expert e."""
-    rp = tl.arange(0, BLOCK_P)
-    ids = tl.load(IDS + rp, mask=rp < P, other=-1)
-    return tl.sum((ids == e).to(tl.int32), axis=0)
-
-
-@triton.jit
-def _pairs_of_expert(IDS, e, s0, P, BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr):
-    """The s0..s0+BLOCK_T-th (token, slot) pairs routed to expert e: (pair index, valid mask)."""
-    rp = tl.arange(0, BLOCK_P)
-    ids = tl.load(IDS + rp, mask=rp < P, other=-1)
-    sel = ids == e
-    seli = sel.to(tl.int32)
-    count = tl.sum(seli, axis=0)
-    pos = tl.cumsum(seli, axis=0) - 1
-    rs = s0 + tl.arange(0, BLOCK_T)
-    hit = sel[None, :] & (pos[None, :] == rs[:, None])
-    pair = tl.sum(tl.where(hit, rp[None, :], 0), axis=1)
-    return pair, rs < count
-
-
-@triton.jit
-def fp_moe_experts_up_kernel(LAT, IDS, W13, H, P, stride_lm, stride_we, stride_wn, stride_hp,
+def fp_moe_experts_up_kernel(LAT, SORTED, BEXP, BROWS, W13, H, stride_lm, stride_we, stride_wn, stride_hp,
                              L: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr,
-                             MAX_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr,
-                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr):
-    e = tl.program_id(0)
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                             USE_DOT: tl.constexpr):
+    blk = tl.program_id(0)
     pid_n = tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = rn < I
-    rk = tl.arange(0, BLOCK_K)
-    count = _count_of_expert(IDS, e, P, BLOCK_P)
-    if count > 0:
+    e = tl.load(BEXP + blk)
+    if e < 0:
+        return
+    if True:
+        rows = tl.load(BROWS + blk)
+        rm = tl.arange(0, BLOCK_M)
+        m_ok = rm < rows
+        pair = tl.load(SORTED + blk * BLOCK_M + rm, mask=m_ok, other=0)
+        tok = pair // TOPK
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = rn < I
+        rk = tl.arange(0, BLOCK_K)
         wbase = W13 + e.to(tl.int64) * stride_we
-        for s0 in tl.static_range(0, MAX_T, BLOCK_T):
-            if s0 < count:
-                pair, t_ok = _pairs_of_expert(IDS, e, s0, P, BLOCK_P, BLOCK_T)
-                tok = pair // TOPK
-                acc_g = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
-                acc_u = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
-                for k0 in range(0, L, BLOCK_K):
-                    kk = k0 + rk
-                    k_ok = kk < L
-                    x = tl.load(LAT + tok[:, None] * stride_lm + kk[None, :],
-                                mask=t_ok[:, None] & k_ok[None, :], other=0.0)
-                    wm = n_ok[:, None] & k_ok[None, :]
-                    wg = tl.load(wbase + rn[:, None] * stride_wn + kk[None, :], mask=wm, other=0.0)
-                    wu = tl.load(wbase + (rn[:, None] + I) * stride_wn + kk[None, :], mask=wm, other=0.0)
-                    if USE_DOT:
-                        acc_g += tl.dot(x.to(wg.dtype), tl.trans(wg))
-                        acc_u += tl.dot(x.to(wg.dtype), tl.trans(wu))
-                    else:
-                        xf = x.to(tl.float32)
-                        acc_g += tl.sum(xf[:, None, :] * wg.to(tl.float32)[None, :, :], axis=2)
-                        acc_u += tl.sum(xf[:, None, :] * wu.to(tl.float32)[None, :, :], axis=2)
-                # round the projections like the standard path's matmul output, then SwiGLU
-                g = acc_g.to(H.dtype.element_ty).to(tl.float32)
-                u = acc_u.to(H.dtype.element_ty).to(tl.float32)
-                h = g / (1.0 + tl.exp(-g)) * u
-                tl.store(H + pair[:, None] * stride_hp + rn[None, :], h.to(H.dtype.element_ty),
-                         mask=t_ok[:, None] & n_ok[None, :])
+        acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, L, BLOCK_K):
+            kk = k0 + rk
+            k_ok = kk < L
+            wm = n_ok[:, None] & k_ok[None, :]
+            wg = tl.load(wbase + rn[:, None] * stride_wn + kk[None, :], mask=wm, other=0.0)
+            wu = tl.load(wbase + (rn[:, None] + I) * stride_wn + kk[None, :], mask=wm, other=0.0)
+            if USE_DOT:
+                x = tl.load(LAT + tok[:, None] * stride_lm + kk[None, :],
+                            mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+                acc_g += tl.dot(x.to(wg.dtype), tl.trans(wg))
+                acc_u += tl.dot(x.to(wg.dtype), tl.trans(wu))
+            else:
+                # small M: the W tile is loaded once and reused for each row (2-D products only)
+                wgf = wg.to(tl.float32)
+                wuf = wu.to(tl.float32)
+                for m in tl.static_range(BLOCK_M):
+                    t_m = tl.load(SORTED + blk * BLOCK_M + m, mask=m < rows, other=0) // TOPK
+                    xm = tl.load(LAT + t_m * stride_lm + kk, mask=k_ok & (m < rows), other=0.0).to(tl.float32)
+                    pg = tl.sum(wgf * xm[None, :], axis=1)
+                    pu = tl.sum(wuf * xm[None, :], axis=1)
+                    acc_g += tl.where(rm[:, None] == m, pg[None, :], 0.0)
+                    acc_u += tl.where(rm[:, None] == m, pu[None, :], 0.0)
+        # round the projections like the standard path's matmul output, then SwiGLU
+        g = acc_g.to(H.dtype.element_ty).to(tl.float32)
+        u = acc_u.to(H.dtype.element_ty).to(tl.float32)
+        h = g / (1.0 + tl.exp(-g)) * u
+        tl.store(H + pair[:, None] * stride_hp + rn[None, :], h.to(H.dtype.element_ty),
+                 mask=m_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit
-def fp_moe_experts_down_kernel(Hb, IDS, RWT, W2, O, P, stride_hp, stride_we, stride_wn, stride_op,
+def fp_moe_experts_down_kernel(Hb, SORTED, BEXP, BROWS, RWT, W2, O, stride_hp, stride_we, stride_wn, stride_op,
                                L: tl.constexpr, I: tl.constexpr,
-                               MAX_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr,
-                               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr):
-    e = tl.program_id(0)
+                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                               USE_DOT: tl.constexpr):
+    blk = tl.program_id(0)
     pid_n = tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = rn < L
-    rk = tl.arange(0, BLOCK_K)
-    count = _count_of_expert(IDS, e, P, BLOCK_P)
-    if count > 0:
+    e = tl.load(BEXP + blk)
+    if e >= 0:
+        rows = tl.load(BROWS + blk)
+        rm = tl.arange(0, BLOCK_M)
+        m_ok = rm < rows
+        pair = tl.load(SORTED + blk * BLOCK_M + rm, mask=m_ok, other=0)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = rn < L
+        rk = tl.arange(0, BLOCK_K)
         wbase = W2 + e.to(tl.int64) * stride_we
-        for s0 in tl.static_range(0, MAX_T, BLOCK_T):
-            if s0 < count:
-                pair, t_ok = _pairs_of_expert(IDS, e, s0, P, BLOCK_P, BLOCK_T)
-                acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
-                for k0 in range(0, I, BLOCK_K):
-                    kk = k0 + rk
-                    k_ok = kk < I
-                    x = tl.load(Hb + pair[:, None] * stride_hp + kk[None, :],
-                                mask=t_ok[:, None] & k_ok[None, :], other=0.0)
-                    w = tl.load(wbase + rn[:, None] * stride_wn + kk[None, :],
-                                mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-                    if USE_DOT:
-                        acc += tl.dot(x.to(w.dtype), tl.trans(w))
-                    else:
-                        acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
-                rw = tl.load(RWT + pair, mask=t_ok, other=0.0)
-                y = acc.to(Hb.dtype.element_ty).to(tl.float32) * rw[:, None]
-                tl.store(O + pair[:, None] * stride_op + rn[None, :], y.to(O.dtype.element_ty),
-                         mask=t_ok[:, None] & n_ok[None, :])
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, I, BLOCK_K):
+            kk = k0 + rk
+            k_ok = kk < I
+            w = tl.load(wbase + rn[:, None] * stride_wn + kk[None, :],
+                        mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            if USE_DOT:
+                x = tl.load(Hb + pair[:, None] * stride_hp + kk[None, :],
+                            mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+                acc += tl.dot(x.to(w.dtype), tl.trans(w))
+            else:
+                wf = w.to(tl.float32)
+                for m in tl.static_range(BLOCK_M):
+                    p_m = tl.load(SORTED + blk * BLOCK_M + m, mask=m < rows, other=0)
+                    xm = tl.load(Hb + p_m * stride_hp + kk, mask=k_ok & (m < rows), other=0.0).to(tl.float32)
+                    acc += tl.where(rm[:, None] == m, tl.sum(wf * xm[None, :], axis=1)[None, :], 0.0)
+        rw = tl.load(RWT + pair, mask=m_ok, other=0.0)
+        y = acc.to(Hb.dtype.element_ty).to(tl.float32) * rw[:, None]
+        tl.store(O + pair[:, None] * stride_op + rn[None, :], y.to(O.dtype.element_ty),
+                 mask=m_ok[:, None] & n_ok[None, :])
 
 
 # ------------------------------------------------------------------------------------- host
@@ -183,33 +252,99 @@ def _cfg(kernel: str, M: int, device, config: dict | None) -> dict:
     return tuning.lookup(kernel, M, device=device)
 
 
+def experts_block_m(M: int, cfg: dict) -> int:
+    """Rows per expert block (``BLOCK_M``; ``BLOCK_T`` is the older name): ≥ 16 selects the
+    tl.dot tiles (kept at 16+ even for a smaller batch), below 16 the small-M form (≤ the
+    batch's power of two)."""
+    bm = _p2(int(cfg.get("BLOCK_M", cfg.get("BLOCK_T", 16))))
+    return bm if bm >= 16 else max(1, min(bm, _p2(M)))
+
+
+class MoeAlign:
+    """Static buffers of the by-expert grouping of the M*k (token, slot) pairs (graph-safe):
+    ``sorted`` pair ids per block, ``bexp`` the block's expert (-1 unused), ``brows`` its rows."""
+
+    def __init__(self, M: int, k: int, E: int, block_m: int, device):
+        P = M * k
+        self.M, self.k, self.E, self.block_m = M, k, E, block_m
+        self.max_blocks = max(1, (P + min(E, P) * (block_m - 1)) // block_m)
+        self.sorted = torch.zeros(self.max_blocks * block_m, dtype=torch.int32, device=device)
+        self.bexp = torch.full((self.max_blocks,), -1, dtype=torch.int32, device=device)
+        self.brows = torch.zeros(self.max_blocks, dtype=torch.int32, device=device)
+
+    def consts(self) -> dict:
+        P = self.M * self.k
+        return dict(BLOCK_P=max(2, _p2(P)), BLOCK_E=max(2, _p2(self.E)), MAX_BLOCKS=self.max_blocks,
+                    BLOCK_B=max(2, _p2(self.max_blocks)))
+
+
+class RouterScratch:
+    """fp32 logits workspace + the zeroed ticket of the router's last-program epilogue."""
+
+    def __init__(self, M: int, E: int, device):
+        self.logits = torch.empty(max(1, M * E), dtype=torch.float32, device=device)
+        self.cnt = torch.zeros(1, dtype=torch.int32, device=device)
+
+
 def moe_router(x, router_w, router_bias, top_k: int, *, routed_scaling: float = 1.0,
-               norm_weight=None, eps: float = 1e-6, ids=None, weights=None, config=None):
+               norm_weight=None, eps: float = 1e-6, ids=None, weights=None, config=None,
+               scratch: RouterScratch | None = None, align: MoeAlign | None = None):
     """Fused router. x [M, D] (working dtype; normalised here when ``norm_weight`` is given),
-    router_w fp32 [E, D], router_bias fp32 [E]. Returns (ids int32 [M, k], weights fp32 [M, k])."""
+    router_w fp32 [E, D], router_bias fp32 [E]. Returns (ids int32 [M, k], weights fp32 [M, k]).
+    Grid over (expert blocks, token blocks): the fp32 logits are a parallel gemv; the last
+    program to finish (atomic ticket) applies sigmoid, bias, top-k, normalisation and scaling
+    for every token and, given ``align``, groups the pairs by expert for ``moe_experts``."""
     M, D = x.shape
     E = router_w.shape[0]
-    assert top_k & (top_k - 1) == 0 or True
     cfg = _cfg("moe_router", M, x.device, config)
     if ids is None:
         ids = torch.empty((M, top_k), dtype=torch.int32, device=x.device)
     if weights is None:
         weights = torch.empty((M, top_k), dtype=torch.float32, device=x.device)
-    TK = _p2(top_k)
-    assert TK == top_k, "top_k must be a power of two"
-    fp_moe_router_kernel[(M,)](
-        x, norm_weight if norm_weight is not None else x, router_w, router_bias, ids, weights,
-        float(eps), float(routed_scaling), x.stride(0),
-        D=D, E=E, TOPK=top_k, BLOCK_E=_p2(E), BLOCK_K=int(cfg.get("BLOCK_K", 64)),
-        NORM=norm_weight is not None, num_warps=int(cfg.get("num_warps", 4)),
+    assert _p2(top_k) == top_k, "top_k must be a power of two"
+    if scratch is None:
+        scratch = RouterScratch(M, E, x.device)
+    BRE = int(cfg.get("BLOCK_E", 2))
+    BME = max(1, min(int(cfg.get("BLOCK_M", 8)), _p2(M)))
+    grid = (triton.cdiv(E, BRE), triton.cdiv(M, BME))
+    if align is not None:
+        assert align.M == M and align.k == top_k and align.E == E
+        ac = align.consts()
+        a_bufs = (align.sorted, align.bexp, align.brows)
+    else:
+        ac = dict(BLOCK_P=2, BLOCK_E=max(2, _p2(E)), MAX_BLOCKS=1, BLOCK_B=2)
+        a_bufs = (ids, ids, ids)
+    fp_moe_router_kernel[grid](
+        x, norm_weight if norm_weight is not None else x, router_w, router_bias,
+        scratch.logits, scratch.cnt, ids, weights, *a_bufs,
+        M, float(eps), float(routed_scaling), x.stride(0),
+        D=D, E=E, TOPK=top_k, BLOCK_ME=BME, BLOCK_RE=BRE, BLOCK_K=int(cfg.get("BLOCK_K", 64)),
+        BLOCK_MM=max(2, _p2(M)), BLOCK_E=ac["BLOCK_E"], NORM=norm_weight is not None,
+        NORM_BK=min(_p2(D), max(int(cfg.get("BLOCK_K", 64)), 16384 // BME)),
+        ALIGN=align is not None, BLOCK_P=ac["BLOCK_P"], ALIGN_M=align.block_m if align is not None else 1,
+        MAX_BLOCKS=ac["MAX_BLOCKS"], BLOCK_B=ac["BLOCK_B"],
+        num_warps=int(cfg.get("num_warps", 4)),
     )
     return ids, weights
 
 
-def moe_experts(lat, ids, weights, w13, w2, *, h_buf=None, out=None, config=None):
+def moe_align(ids, E: int, block_m: int, align: MoeAlign | None = None) -> MoeAlign:
+    """Group the pairs of ``ids`` [M, k] by expert (one small launch)."""
+    M, k = ids.shape
+    if align is None:
+        align = MoeAlign(M, k, E, block_m, ids.device)
+    c = align.consts()
+    fp_moe_experts_align_kernel[(1,)](ids, align.sorted, align.bexp, align.brows, M * k, E=E,
+                                      BLOCK_M=align.block_m, num_warps=8 if c["BLOCK_P"] >= 256 else 4, **c)
+    return align
+
+
+def moe_experts(lat, ids, weights, w13, w2, *, h_buf=None, out=None, config=None,
+                align: MoeAlign | None = None):
     """Grouped routed experts. lat [M, L] (working dtype), ids int32 [M, k], weights fp32 [M, k],
     w13 [E, 2I, L], w2 [E, L, I]. Returns o fp32 [M, k, L] (weighted per-slot outputs; sum
-    over k is the MoE output in latent width)."""
+    over k is the MoE output in latent width). ``align``: the grouping already made by the
+    router (else one align launch here)."""
     M, L = lat.shape
     k = ids.shape[1]
     E, I2, L2 = w13.shape
@@ -220,35 +355,38 @@ def moe_experts(lat, ids, weights, w13, w2, *, h_buf=None, out=None, config=None
     weights = weights.contiguous()
     cfg = _cfg("moe_experts", M, lat.device, config)
     P = M * k
-    BT = int(cfg.get("BLOCK_T", 16))
-    BT = max(1, min(BT, _p2(M)))
-    use_dot = BT >= 16
+    BM = experts_block_m(M, cfg)
+    use_dot = BM >= 16
     BN, BK = int(cfg["BLOCK_N"]), int(cfg["BLOCK_K"])
+    BN_D, BK_D = int(cfg.get("BLOCK_N_DOWN", BN)), int(cfg.get("BLOCK_K_DOWN", BK))
     if use_dot:
-        BN, BK = max(BN, 16), max(BK, 16)
-    MAX_T = triton.cdiv(M, BT) * BT
+        BN, BK, BN_D, BK_D = max(BN, 16), max(BK, 16), max(BN_D, 16), max(BK_D, 16)
+    if align is None:
+        align = moe_align(ids, E, BM)
+    assert align.block_m == BM and align.M == M and align.k == k
     if h_buf is None:
         h_buf = torch.empty((P, I), dtype=lat.dtype, device=lat.device)
     if out is None:
         out = torch.empty((M, k, L), dtype=torch.float32, device=lat.device)
     nw, ns = int(cfg.get("num_warps", 4)), int(cfg.get("num_stages", 3))
-    fp_moe_experts_up_kernel[(E, triton.cdiv(I, BN))](
-        lat, ids, w13, h_buf, P, lat.stride(0), w13.stride(0), w13.stride(1), h_buf.stride(0),
-        L=L, I=I, TOPK=k, MAX_T=MAX_T, BLOCK_P=max(2, _p2(P)), BLOCK_T=BT, BLOCK_N=BN, BLOCK_K=BK,
-        USE_DOT=use_dot, num_warps=nw, num_stages=ns,
+    fp_moe_experts_up_kernel[(align.max_blocks, triton.cdiv(I, BN))](
+        lat, align.sorted, align.bexp, align.brows, w13, h_buf,
+        lat.stride(0), w13.stride(0), w13.stride(1), h_buf.stride(0),
+        L=L, I=I, TOPK=k, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, USE_DOT=use_dot,
+        num_warps=nw, num_stages=ns,
     )
     o2 = out.view(P, L)
-    fp_moe_experts_down_kernel[(E, triton.cdiv(L, BN))](
-        h_buf, ids, weights, w2, o2, P, h_buf.stride(0), w2.stride(0), w2.stride(1), o2.stride(0),
-        L=L, I=I, MAX_T=MAX_T, BLOCK_P=max(2, _p2(P)), BLOCK_T=BT, BLOCK_N=BN, BLOCK_K=BK,
-        USE_DOT=use_dot, num_warps=nw, num_stages=ns,
+    fp_moe_experts_down_kernel[(align.max_blocks, triton.cdiv(L, BN_D))](
+        h_buf, align.sorted, align.bexp, align.brows, weights, w2, o2,
+        h_buf.stride(0), w2.stride(0), w2.stride(1), o2.stride(0),
+        L=L, I=I, BLOCK_M=BM, BLOCK_N=BN_D, BLOCK_K=BK_D, USE_DOT=use_dot,
+        num_warps=int(cfg.get("num_warps_down", nw)), num_stages=ns,
     )
     return out
 
 
 def variant_name(M: int, cfg: dict) -> str:
-    bt = max(1, min(int(cfg.get("BLOCK_T", 16)), _p2(M)))
-    return "triton_grouped_" + ("dot" if bt >= 16 else "small_m")
+    return "triton_sorted_" + ("dot" if experts_block_m(M, cfg) >= 16 else "small_m")
 
 
 # ---------------------------------------------------------------------------- references
