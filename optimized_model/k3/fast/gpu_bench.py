@@ -1,7 +1,7 @@
 """GPU check + benchmark of the K3-mini fast path (one H200 run, < 5 minutes with the defaults).
 
     python -m optimized_model.k3.fast.gpu_bench [--batches 1,2,4,8,16,32,64] [--contexts 1024,32768]
-        [--rounds 5] [--replays 20] [--budget 250] [--kernel-budget 125] [--ktime-budget 75]
+        [--rounds 5] [--replays 20] [--budget 215] [--kernel-budget 95] [--ktime-budget 60]
         [--skip-kernels] [--skip-ktime] [--out DIR]
 
 1. HBM copy bandwidth (device-to-device copy, read + write bytes), measured in this run.
@@ -16,8 +16,10 @@
    graph) at each batch x context: parity of one step (max |logit diff|, top-1 agreement), then
    interleaved rounds (A B B A ...) of graph replays timed with CUDA events; median step time,
    tokens/s, speedup, MBU = config.bytes_per_step / step time / copy bandwidth.
-Writes results.json and table.txt under $OUT (or --out) and prints the table last. A time budget
-(--budget seconds, default 250: the whole run stays under 5 minutes) skips what would not fit and says so.
+Writes results.json and table.txt under $OUT (or --out), rewritten after every section and
+decode row (a killed run keeps what it measured), and prints the table last. Time budgets,
+seconds from the start (ktime 60, kernel checks 95, decode cases 215: the run fits 270 s),
+skip what would not fit and say so.
 
 CPU pre-flight (no GPU needed, run it before spending GPU time):
 
@@ -303,7 +305,7 @@ def cute_vs_triton() -> list[dict]:
     return rows
 
 
-def bench_decode(batches, contexts, rounds, replays, budget_s, bw) -> list[dict]:
+def bench_decode(batches, contexts, rounds, replays, budget_s, bw, rows=None, on_row=None) -> list[dict]:
     from optimized_model.k3 import config as C
     from optimized_model.k3.fast import hooks
     from optimized_model.k3.model import K3Model
@@ -322,7 +324,7 @@ def bench_decode(batches, contexts, rounds, replays, budget_s, bw) -> list[dict]
     runner = K3Runner(model, use_graphs=True)
     fd = hooks.build_fast_decoder(model, lambda b, cap: model.new_state(b, cap))
     cfg = model.cfg
-    rows = []
+    rows = [] if rows is None else rows
     for ctx in contexts:
         for B in batches:
             row = {"batch": B, "context": ctx}
@@ -376,6 +378,8 @@ def bench_decode(batches, contexts, rounds, replays, budget_s, bw) -> list[dict]
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
             rows.append(row)
+            if on_row is not None:
+                on_row()
             log(f"decode b{B} c{ctx}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                                  for k, v in row.items() if not k.endswith("rounds_ms")))
     return rows
@@ -501,17 +505,41 @@ def aot_check(config: str, batches: list[int], context: int = 1024) -> int:
     return 1 if bad else 0
 
 
+def render(res: dict, bw: float) -> str:
+    lines = [f"device {res['device']}  copy bw {bw / 1e9:.0f} GB/s  torch {res['torch']}  triton {res.get('triton')}"]
+    if "kernels" in res:
+        bad = [r for r in res["kernels"] if r["status"] != "pass"]
+        lines.append(f"kernels: {len(res['kernels']) - len(bad)} pass, {len(bad)} not: "
+                     + "; ".join(f"{r['kernel']}/{r.get('dtype', '')} {r['status']} {r.get('detail', '')[:80]}" for r in bad))
+        for r in res.get("cute_vs_triton", []):
+            lines.append(f"  gemv M{r.get('M')} N{r.get('N')} K{r.get('K')}: triton {r.get('triton_us', float('nan')):.1f} us"
+                         f"  cute {r.get('cute_us', float('nan')):.1f} us  {r.get('cute', r.get('error', ''))}")
+    for r in res.get("kernel_timings", []):
+        lines.append("  ktime " + " ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
+                                           for k, v in r.items()))
+    hdr = f"{'batch':>5} {'ctx':>6} {'std tok/s':>10} {'fast tok/s':>10} {'speedup':>8} {'std MBU':>8} {'fast MBU':>8} {'maxdiff':>8} {'top1':>5}  status"
+    lines.append(hdr)
+    for r in res.get("decode", []):
+        if r.get("status") == "ok":
+            lines.append(f"{r['batch']:>5} {r['context']:>6} {r['std_tok_s']:>10.1f} {r['fast_tok_s']:>10.1f} "
+                         f"{r['speedup']:>7.2f}x {r['std_mbu']:>7.1%} {r['fast_mbu']:>7.1%} "
+                         f"{r['max_logit_diff']:>8.3g} {r['top1_agree']:>5.2f}  ok {('refused: ' + ','.join(r['fast_refused'])) if r['fast_refused'] else ''}")
+        else:
+            lines.append(f"{r['batch']:>5} {r['context']:>6}  {r.get('status')}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", default="1,2,4,8,16,32,64")
     ap.add_argument("--contexts", default="1024,32768")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--replays", type=int, default=20)
-    ap.add_argument("--budget", type=float, default=250.0)
-    ap.add_argument("--kernel-budget", type=float, default=125.0)
+    ap.add_argument("--budget", type=float, default=215.0)
+    ap.add_argument("--kernel-budget", type=float, default=95.0)
     ap.add_argument("--skip-kernels", action="store_true")
     ap.add_argument("--skip-ktime", action="store_true", help="skip the per-kernel timings")
-    ap.add_argument("--ktime-budget", type=float, default=75.0,
+    ap.add_argument("--ktime-budget", type=float, default=60.0,
                     help="seconds from the start by which the per-kernel timings stop")
     ap.add_argument("--out", default=os.environ.get("OUT", "gpu_bench_out"))
     ap.add_argument("--aot", action="store_true", help="CPU pre-flight: compile every launch for sm_90")
@@ -533,42 +561,30 @@ def main(argv=None) -> int:
     bw = copy_bandwidth()
     res["copy_bw_GBps"] = bw / 1e9
     log(f"copy bandwidth {bw / 1e9:.0f} GB/s")
+
+    def dump() -> str:  # after every section and decode row: a killed run keeps what it measured
+        table = render(res, bw)
+        with open(os.path.join(a.out, "results.json"), "w") as fh:
+            json.dump(res, fh, indent=1, default=str)
+        with open(os.path.join(a.out, "table.txt"), "w") as fh:
+            fh.write(table + "\n")
+        return table
+
     if not a.skip_ktime:
         res["kernel_timings"] = kernel_timings(a.ktime_budget)
+        dump()
     if not a.skip_kernels:
         res["kernels"] = check_kernels(a.kernel_budget)
         try:
             res["cute_vs_triton"] = cute_vs_triton()
         except Exception as exc:
             res["cute_vs_triton"] = [{"error": f"{type(exc).__name__}: {exc}"}]
+        dump()
     batches = [int(b) for b in a.batches.split(",")]
     contexts = [int(c) for c in a.contexts.split(",")]
-    res["decode"] = bench_decode(batches, contexts, a.rounds, a.replays, a.budget, bw)
-    with open(os.path.join(a.out, "results.json"), "w") as fh:
-        json.dump(res, fh, indent=1, default=str)
-    lines = [f"device {res['device']}  copy bw {bw / 1e9:.0f} GB/s  torch {res['torch']}  triton {res.get('triton')}"]
-    if "kernels" in res:
-        bad = [r for r in res["kernels"] if r["status"] != "pass"]
-        lines.append(f"kernels: {len(res['kernels']) - len(bad)} pass, {len(bad)} not: "
-                     + "; ".join(f"{r['kernel']}/{r.get('dtype', '')} {r['status']} {r.get('detail', '')[:80]}" for r in bad))
-        for r in res.get("cute_vs_triton", []):
-            lines.append(f"  gemv M{r.get('M')} N{r.get('N')} K{r.get('K')}: triton {r.get('triton_us', float('nan')):.1f} us"
-                         f"  cute {r.get('cute_us', float('nan')):.1f} us  {r.get('cute', r.get('error', ''))}")
-    for r in res.get("kernel_timings", []):
-        lines.append("  ktime " + " ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
-                                           for k, v in r.items()))
-    hdr = f"{'batch':>5} {'ctx':>6} {'std tok/s':>10} {'fast tok/s':>10} {'speedup':>8} {'std MBU':>8} {'fast MBU':>8} {'maxdiff':>8} {'top1':>5}  status"
-    lines.append(hdr)
-    for r in res["decode"]:
-        if r.get("status") == "ok":
-            lines.append(f"{r['batch']:>5} {r['context']:>6} {r['std_tok_s']:>10.1f} {r['fast_tok_s']:>10.1f} "
-                         f"{r['speedup']:>7.2f}x {r['std_mbu']:>7.1%} {r['fast_mbu']:>7.1%} "
-                         f"{r['max_logit_diff']:>8.3g} {r['top1_agree']:>5.2f}  ok {('refused: ' + ','.join(r['fast_refused'])) if r['fast_refused'] else ''}")
-        else:
-            lines.append(f"{r['batch']:>5} {r['context']:>6}  {r.get('status')}")
-    table = "\n".join(lines)
-    with open(os.path.join(a.out, "table.txt"), "w") as fh:
-        fh.write(table + "\n")
+    res["decode"] = []
+    bench_decode(batches, contexts, a.rounds, a.replays, a.budget, bw, rows=res["decode"], on_row=dump)
+    table = dump()
     print("\n" + table)
     return 0
 
