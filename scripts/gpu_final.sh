@@ -14,7 +14,7 @@ trap save EXIT
 case "${1:-}" in
   bench-and-first-suites)
     bash scripts/gpu_steps.sh \
-      "bench:270:python3 -m optimized_model.k3.fast.gpu_bench" \
+      "bench:240:python3 -m optimized_model.k3.fast.gpu_bench --budget 200 --kernel-budget 75 --ktime-budget 45" \
       "verify1:300:fastpath verify --tier full --out $RUN --only coverage,kernels"
     ;;
   last-suites)
