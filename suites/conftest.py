@@ -94,10 +94,17 @@ def dumps(x: Any) -> str:
     return json.dumps(jsonable(x), sort_keys=True, default=str)
 
 
-def score_teacher_forced(model: Any, seqs: list[list[int]], prefill_len: int) -> list[Any]:
+def score_teacher_forced(model: Any, seqs: list[list[int]], prefill_len: int,
+                         max_batch: int | None = None) -> list[Any]:
     """``model.score(seqs, prefill_len=...)`` (docs/architecture.md): rows from ``prefill_len``
-    on come from teacher-forced decode steps, i.e. from the fast decoder on the fast model."""
-    return model.score(seqs, prefill_len=int(prefill_len))
+    on come from teacher-forced decode steps, i.e. from the fast decoder on the fast model.
+    Scored ``max_batch`` sequences at a time: a larger batch is outside the fast path's scope
+    (it would fall back, and parity would compare the standard path with itself)."""
+    step = max(1, int(max_batch or len(seqs)))
+    out: list[Any] = []
+    for i in range(0, len(seqs), step):
+        out.extend(model.score(seqs[i:i + step], prefill_len=int(prefill_len)))
+    return out
 
 
 def scope_max_batch(spec: Any, tier: Any) -> int:

@@ -74,12 +74,12 @@ def plan_sequences(context: int, tokens: int, max_batch: int,
     return n_seq, g
 
 
-def score_positions(model, seqs: list[list[int]], starts: list[int]) -> np.ndarray:
+def score_positions(model, seqs: list[list[int]], starts: list[int], max_batch: int) -> np.ndarray:
     """Logits rows predicting tokens seq[start:], stacked over sequences (float64).
 
     Positions from min(starts) - 1 on are teacher-forced DECODE steps (prefill_len), so on
     the fast path they are computed by the fast decoder, not by the standard prefill."""
-    out = H.score_teacher_forced(model, seqs, min(starts) - 1)
+    out = H.score_teacher_forced(model, seqs, min(starts) - 1, max_batch)
     rows = []
     for logits, seq, s in zip(out, seqs, starts):
         t = logits.detach().float().cpu().numpy()
@@ -93,6 +93,8 @@ def bucket_compare(fp_models, context: int, tokens: int, max_batch: int, seed: i
     std, fast, orc = fp_models["standard"], fp_models["fast"], fp_models["oracle"]
     tok = std.tokenizer
     n_seq, g = plan_sequences(context, tokens, max_batch, max_prefill_tokens)
+    # score at most n_seq sequences per call: the batch stays in scope and the prefill in budget
+    chunk = n_seq
     seqs, starts = [], []
     i = 0
     # continuations may stop early (EOS): top up with more prompts, up to 4x the planned number
@@ -106,10 +108,10 @@ def bucket_compare(fp_models, context: int, tokens: int, max_batch: int, seed: i
             if cont:
                 seqs.append(list(p) + cont)
                 starts.append(len(p))
-    ls = score_positions(std, seqs, starts)
-    lo = score_positions(orc, seqs, starts)
+    ls = score_positions(std, seqs, starts, chunk)
+    lo = score_positions(orc, seqs, starts, chunk)
     with trace.recording() as rec:
-        lf = score_positions(fast, seqs, starts)
+        lf = score_positions(fast, seqs, starts, chunk)
     n = ls.shape[0]
     finite_fast = bool(np.isfinite(lf).any(axis=-1).all()) and not bool(np.isnan(lf).any())
     return {
