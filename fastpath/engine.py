@@ -33,6 +33,7 @@ class GenerationRequest:
     stop_strings: list[str] = field(default_factory=list)
     structured: dict[str, Any] | None = None
     logprobs: bool = False
+    ignore_eos: bool = False  # keep generating past eos (long-generation parity, benchmarks)
 
 
 @runtime_checkable

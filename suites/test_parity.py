@@ -102,7 +102,8 @@ def bucket_compare(fp_models, context: int, tokens: int, max_batch: int, seed: i
         k = n_seq if i == 0 else min(n_seq, 4 * n_seq - i)
         prompts = [H.prompt_ids(tok, seed + 1000 * context + i + j, context - g) for j in range(k)]
         i += k
-        gens = std.generate([GenerationRequest(prompt_ids=p, max_tokens=g, temperature=0.0) for p in prompts])
+        gens = std.generate([GenerationRequest(prompt_ids=p, max_tokens=g, temperature=0.0, ignore_eos=True)
+                             for p in prompts])
         for p, r in zip(prompts, gens):
             cont = list(r.token_ids)[:g]
             if cont:

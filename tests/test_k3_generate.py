@@ -88,6 +88,14 @@ def test_eos_stops_and_is_excluded_from_text():
     assert r.finish_reason == "stop" and r.text == "ok"
 
 
+def test_ignore_eos_generates_past_eos():
+    n = len(TOK.encode("x"))
+    runner = FakeRunner(TOK.vocab_size, script={n: ord("o"), n + 1: TOK.eos_id})
+    r = generate(runner, TOK, [GenerationRequest(prompt_ids=TOK.encode("x"), max_tokens=5, ignore_eos=True)])[0]
+    assert len(r.token_ids) == 5 and r.token_ids[1] == TOK.eos_id
+    assert r.finish_reason == "length"
+
+
 def test_stop_token_ids_and_stop_strings():
     n = len(TOK.encode("x"))
     script = {n + i: ord(c) for i, c in enumerate("hello world! more")}

@@ -14,7 +14,7 @@ rest of the batch); the sampler picks tokens.
 
 Finishing, checked in this order after each token:
   grammar termination (the grammar accepted the stop token)  -> "grammar"
-  eos or one of ``stop_token_ids``                             -> "stop"
+  eos (unless ``ignore_eos``) or one of ``stop_token_ids``     -> "stop"
   a stop string appears in the decoded text                    -> "stop"
   ``max_tokens`` generated                                     -> "length"
 ``token_ids`` / ``logprobs`` include every sampled token (the stop token too); ``text`` is the
@@ -46,7 +46,9 @@ class GenerationResult:
 class _Row:
     def __init__(self, req: Any, tokenizer: Any):
         self.req = req
-        self.stop_ids = {int(tokenizer.eos_id), *(int(t) for t in (req.stop_token_ids or []))}
+        # ignore_eos (as vLLM's): eos is generated like any token; explicit stop ids still stop
+        eos = set() if getattr(req, "ignore_eos", False) else {int(tokenizer.eos_id)}
+        self.stop_ids = {*eos, *(int(t) for t in (req.stop_token_ids or []))}
         self.stop_strings = [s for s in (req.stop_strings or []) if s]
         self.max_stop_bytes = max((len(s.encode("utf-8")) for s in self.stop_strings), default=0)
         self.tokens: list[int] = []
