@@ -21,27 +21,15 @@ or ``refused:<reason>``) and the whole case's matrix in ``evidence`` for the rep
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 import re
-import sys
 
 import pytest
 
+from fastpath import suite_helpers
 from fastpath import trace
 
 
-def _helpers():
-    name = "fastpath_suites_helpers"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, pathlib.Path(__file__).with_name("conftest.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-H = _helpers()
+H = suite_helpers
 STEPS = 2
 
 

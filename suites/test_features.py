@@ -31,32 +31,20 @@ full_context  (features_full_context) a request at the tier's largest context co
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import pathlib
 import re
-import sys
 from collections import Counter, defaultdict
 
 import numpy as np
 import pytest
 
+from fastpath import suite_helpers
 from fastpath import stats, trace
 from fastpath.engine import GenerationRequest
 
 
-def _helpers():
-    name = "fastpath_suites_helpers"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, pathlib.Path(__file__).with_name("conftest.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-H = _helpers()
+H = suite_helpers
 
 # Small on purpose: with a byte-level tokenizer every character is one decode step, and on the
 # CPU smoke tier a fast decode step runs under the Triton interpreter (seconds).

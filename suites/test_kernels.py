@@ -22,28 +22,16 @@ are compared on identical inputs.
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import pathlib
-import sys
 
 import pytest
 import torch
 
+from fastpath import suite_helpers
 from fastpath import jitter
 
 
-def _helpers():
-    name = "fastpath_suites_helpers"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, pathlib.Path(__file__).with_name("conftest.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-H = _helpers()
+H = suite_helpers
 SEED = 20261129
 
 

@@ -24,29 +24,17 @@ parity that compared the standard path with itself would prove nothing.
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import pathlib
-import sys
 
 import numpy as np
 import pytest
 
+from fastpath import suite_helpers
 from fastpath import stats, trace
 from fastpath.engine import GenerationRequest
 
 
-def _helpers():
-    name = "fastpath_suites_helpers"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, pathlib.Path(__file__).with_name("conftest.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-H = _helpers()
+H = suite_helpers
 
 
 def agreement_threshold(floor: float, n: int, min_agreement: float) -> tuple[float, float]:
