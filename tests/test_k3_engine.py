@@ -10,12 +10,7 @@ from fastpath.engine import (Component, Engine, GenerationRequest, GenerationRes
                              Tokenizer, create_engine)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -13,13 +13,7 @@ from optimized_model.k3.model import K3Model, swiglu
 from optimized_model.k3.weights import init_weights
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # the CI / dev box has 2 shared cores: torch's thread pool only adds contention here
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
