@@ -27,7 +27,7 @@ import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from fastpath.errors import FastpathError, UsageError
 from fastpath.gates import Verdict, evaluate
@@ -228,6 +228,25 @@ def _sigterm_as_interrupt() -> Any:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _fast_path_digest(repo_root: Path, spec: Spec) -> dict:
+    from fastpath.digest import source_digest
+
+    try:
+        return source_digest(repo_root, spec.source_globs)
+    except ValueError as exc:
+        raise FastpathError(f"cannot digest the fast-path sources: {exc}",
+                            "fix [sources] globs in the spec so each matches files under the project root") from None
+
+
+def _check_sources_unchanged(info: dict, digest: dict, run_dir: Path) -> None:
+    """The bundle attests one source digest: every suite of a run must have tested that code."""
+    started = info.get("source_digest")
+    if started is not None and started != digest["digest"]:
+        raise UsageError(f"the fast-path sources changed since the run in {run_dir} started "
+                         f"(digest {started[:12]} then, {digest['digest'][:12]} now)",
+                         "results of different code cannot be attested together: start a new run with a new --out")
+
+
 def _prepare(opts: VerifyOptions, console: Any) -> tuple[Spec, str, Path, RunState, Path, Path]:
     if opts.resume is not None:
         state = RunState(Path(opts.resume))
@@ -246,6 +265,7 @@ def _prepare(opts: VerifyOptions, console: Any) -> tuple[Spec, str, Path, RunSta
         tier = info["tier"]
         suites_dir = Path(opts.suites_dir or info["suites_dir"])
         repo_root = Path(info["repo_root"])
+        _check_sources_unchanged(info, _fast_path_digest(repo_root, spec), state.run_dir)
         return spec, tier, state.run_dir, state, suites_dir, repo_root
 
     spec_path = Path(opts.spec) if opts.spec else default_spec(Path.cwd())
@@ -264,7 +284,8 @@ def _prepare(opts: VerifyOptions, console: Any) -> tuple[Spec, str, Path, RunSta
                          f"continue it with `fastpath verify --resume {run_dir}`, or choose another --out")
     suites_dir = Path(opts.suites_dir) if opts.suites_dir else repo_root / "suites"
     write_json_atomic({"spec_path": str(spec_path.resolve()), "spec_digest": spec.digest, "tier": tier,
-                       "suites_dir": str(suites_dir.resolve()), "repo_root": str(repo_root.resolve())},
+                       "suites_dir": str(suites_dir.resolve()), "repo_root": str(repo_root.resolve()),
+                       "source_digest": _fast_path_digest(repo_root, spec)["digest"]},
                       state.root / "run.json")
     return spec, tier, run_dir, state, suites_dir, repo_root
 
@@ -356,17 +377,13 @@ def _finish(spec: Spec, plan: Plan, state: RunState, repo_root: Path, opts: Veri
             sign: bool) -> VerifyResult:
     """Rows -> verdict -> bundle (always, marked incomplete if so) -> signature (complete only) -> archive."""
     from fastpath import bundle as bundle_mod
-    from fastpath.digest import source_digest
     from fastpath.environment import capture
 
     verdict = evaluate(spec, rows_frame(state.all_rows(plan)), plan, plan.tier, state.suite_state(plan))
     summary = verdict.to_summary()
     write_json_atomic(summary, state.root / "summary.json")
-    try:
-        digest = source_digest(repo_root, spec.source_globs)
-    except ValueError as exc:
-        raise FastpathError(f"cannot digest the fast-path sources: {exc}",
-                            "fix [sources] globs in the spec so each matches files under the project root") from None
+    digest = _fast_path_digest(repo_root, spec)
+    _check_sources_unchanged(state.run_info(), digest, state.run_dir)
     environment = capture(opts.argv, {"plan": "seeds are fixed in the suites"}, repo_root)
     bundle_dir = bundle_mod.write_bundle(
         state.run_dir / f"{spec.name}.fastpath", spec_path=spec.path, plan=plan.to_json(), rows=verdict.rows,

@@ -117,6 +117,15 @@ def test_resume_refuses_a_changed_spec_and_out_refuses_reuse(tmp_path):
         run(make_project(tmp_path / "q"), out=tmp_path / "run2", only=["nope"])
 
 
+def test_changed_fast_path_sources_are_never_attested_together(tmp_path):
+    spec = make_project(tmp_path / "p")
+    first = run(spec, out=tmp_path / "run", only=["coverage"])
+    assert first.exit_code == 3
+    (tmp_path / "p" / "src" / "fast.py").write_text("FAST = False  # edited between suites\n")
+    with pytest.raises(UsageError, match="fast-path sources changed"):
+        run(None, resume=tmp_path / "run")
+
+
 def test_signed_bundle_passes_check(tmp_path):
     from fastpath.check import check_bundle
     from fastpath.signing import generate_keypair, load_public_key, public_key_hex
