@@ -64,15 +64,16 @@ def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
 @app.command()
 @friendly
 def plan(
-    spec: Path = typer.Argument(..., help="the fastpath.toml"),
+    spec: Optional[Path] = typer.Argument(None, help="the fastpath.toml (default: [tool.fastpath] default_spec)"),
     tier: str = typer.Option("smoke", "--tier", help="smoke | full"),
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
 ) -> None:
     """Print the case matrix of each suite (and the waivers with their reasons)."""
     from fastpath.plan import build_plan
     from fastpath.spec import load_spec
+    from fastpath.verify import default_spec
 
-    the_plan = build_plan(load_spec(spec), tier)
+    the_plan = build_plan(load_spec(spec or default_spec(Path.cwd())), tier)
     if as_json:
         sys.stdout.write(json.dumps(the_plan.to_json(), indent=2) + "\n")
         return

@@ -77,7 +77,7 @@ def default_spec(cwd: Path) -> Path:
     pyproject = find_pyproject(cwd)
     if pyproject is None:
         raise UsageError(f"no spec given and no pyproject.toml above {cwd}",
-                         "pass the spec: fastpath verify path/to/fastpath.toml")
+                         "pass the spec: fastpath verify|plan path/to/fastpath.toml")
     try:
         value = tomllib.loads(pyproject.read_text())["tool"]["fastpath"]["default_spec"]
     except (KeyError, tomllib.TOMLDecodeError):

@@ -109,3 +109,12 @@ def test_cli_plan_errors_have_cause_and_fix_without_traceback(tmp_path):
     assert "error:" in result.output and "fix:" in result.output and "Traceback" not in result.output
     result = CliRunner().invoke(app, ["plan", str(DOUBLE_SPEC), "--tier", "medium"])
     assert result.exit_code == 2 and "tier 'medium' is not defined" in result.output
+
+
+def test_cli_plan_defaults_to_the_projects_spec(tmp_path, monkeypatch):
+    (tmp_path / "pyproject.toml").write_text('[tool.fastpath]\ndefault_spec = "spec.toml"\n')
+    (tmp_path / "spec.toml").write_text(DOUBLE_SPEC.read_text())
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["plan", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["cases"] == build_plan(load_spec(DOUBLE_SPEC), "smoke").to_json()["cases"]
