@@ -94,16 +94,20 @@ def dumps(x: Any) -> str:
     return json.dumps(jsonable(x), sort_keys=True, default=str)
 
 
-def score_teacher_forced(model: Any, seqs: list[list[int]], prefill_len: int,
+def score_teacher_forced(model: Any, seqs: list[list[int]], prefill_len: int | None,
                          max_batch: int | None = None) -> list[Any]:
     """``model.score(seqs, prefill_len=...)`` (docs/architecture.md): rows from ``prefill_len``
     on come from teacher-forced decode steps, i.e. from the fast decoder on the fast model.
     Scored ``max_batch`` sequences at a time: a larger batch is outside the fast path's scope
-    (it would fall back, and parity would compare the standard path with itself)."""
+    (it would fall back, and parity would compare the standard path with itself).
+    ``prefill_len`` None: each chunk is prefilled up to its shortest sequence minus one, so
+    every sequence's last row comes from a decode step."""
     step = max(1, int(max_batch or len(seqs)))
     out: list[Any] = []
     for i in range(0, len(seqs), step):
-        out.extend(model.score(seqs[i:i + step], prefill_len=int(prefill_len)))
+        chunk = seqs[i:i + step]
+        p = min(len(s) for s in chunk) - 1 if prefill_len is None else int(prefill_len)
+        out.extend(model.score(chunk, prefill_len=p))
     return out
 
 

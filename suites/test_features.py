@@ -157,16 +157,6 @@ def test_structured_output(case, fp_engine, fp_models, fp_gate, record):
                **base)
 
 
-def _fast_context_logits(fast, seqs: list[list[int]], max_batch: int) -> list:
-    """Per sequence, the fast decoder's logits after its last token (teacher-forced decode row:
-    each chunk is prefilled up to its shortest sequence minus one, the rest are decode steps)."""
-    out: list = []
-    for i in range(0, len(seqs), max_batch):
-        chunk = seqs[i:i + max_batch]
-        out.extend(fast.score(chunk, prefill_len=min(len(s) for s in chunk) - 1))
-    return out
-
-
 def _draws_for_tier(fp_gate, fp_tier) -> tuple[int, float]:
     g = fp_gate("features_sampling_distribution")
     key = "full_draws" if H.tier_name(fp_tier) == "full" else "smoke_draws"
@@ -200,7 +190,8 @@ def test_sampling_distribution(case, fp_engine, fp_spec, fp_tier, fp_models, fp_
     for pi, t1, t2 in draws_list:
         groups[(pi, t1)][t2] += 1
     keys = sorted(groups)
-    logits = _fast_context_logits(fast, [list(prompts[pi]) + [t1] for pi, t1 in keys], batch)
+    # the fast decoder's logits after (prompt, first token): the distribution the sampler drew from
+    logits = H.score_teacher_forced(fast, [list(prompts[pi]) + [t1] for pi, t1 in keys], None, batch)
     expected: dict[tuple[int, int], np.ndarray] = {}
     tests = []
     for key, lg in zip(keys, logits):

@@ -89,9 +89,10 @@ class K3LoadedModel:
             logits = self.model.prefill(tokens.to(self.model.device), torch.as_tensor(lens).to(self.model.device),
                                         state, all_logits=True)
             return [logits[b, : lens[b]].float().cpu() for b in range(B)]
-        self.runner.reserve = T - p + 1
+        from .runner import _round_up
+
         self.runner._select(B, p, "prefill")
-        state = self.runner.state(B, -(-(T + 1) // self.runner.CAP_ALIGN) * self.runner.CAP_ALIGN)
+        state = self.runner.state(B, _round_up(T + 1, self.runner.CAP_ALIGN))
         prefix = tokens[:, :p].to(self.model.device)
         rows = [self.model.prefill(prefix, torch.full((B,), p).to(self.model.device), state,
                                    all_logits=True).float().cpu()]
