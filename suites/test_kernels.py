@@ -23,6 +23,7 @@ are compared on identical inputs.
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
@@ -149,6 +150,7 @@ def test_kernel(case, fp_engine, fp_tier, fp_gate, record, waive):
         declared = float(getattr(e, "atol_floor", {}).get(dtype_k, 0.0) or 0.0)
         floor = max(float(gate_floor.get(dtype_k, 0.0)), declared)
         shapes = select_shapes(list(e.shapes), tier)
+        started = time.monotonic()
         nonfinite: list[dict] = []
         det_worst, jit_worst = 0.0, 0.0
         det_cases: list[dict] = []
@@ -195,7 +197,7 @@ def test_kernel(case, fp_engine, fp_tier, fp_gate, record, waive):
                         jit_worst = max(jit_worst, float(dj))
         n_checked = len(shapes) * len(e.value_classes)
         record("kernels_finite", "nonfinite_where_oracle_finite", sum(x["count"] for x in nonfinite), threshold=0,
-               comparator="<=", detail={"cases_checked": n_checked}, evidence=H.jsonable({"failures": nonfinite}),
+               comparator="<=", detail={"cases_checked": n_checked, "seconds": round(time.monotonic() - started, 2)}, evidence=H.jsonable({"failures": nonfinite}),
                message="" if not nonfinite else f"{e.name}: NaN/Inf where the oracle is finite in "
                f"{len(nonfinite)} of {n_checked} cases", **base)
         mode = "bitwise" if e.deterministic else "within tolerance"

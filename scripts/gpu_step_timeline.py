@@ -1,0 +1,96 @@
+"""Timeline of one fast decode step on the GPU: every kernel in launch order with its stream,
+grid and duration, and the idle gaps between kernels on the main stream (GPU only).
+
+    python3 scripts/gpu_step_timeline.py [--batches 1,64] [--context 1024] [--path fast]
+
+Where the step time goes that no per-kernel sum shows: a step of ~100 short kernels can lose
+a large share of its time between kernels (launch latency inside the graph, ramp-up and tail of
+each kernel). Prints per batch: step wall time, busy time per stream, total main-stream gap, the
+kernels in order (µs, grid), and writes $OUT/timeline.json when OUT is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from fastpath.engine import create_engine
+
+
+def kernels_of(trace_path: str) -> list[dict]:
+    with open(trace_path) as fh:
+        events = json.load(fh)["traceEvents"]
+    ks = [e for e in events if e.get("cat") == "kernel"]
+    ks.sort(key=lambda e: e["ts"])
+    return [{"name": e["name"][:60], "ts": float(e["ts"]), "dur": float(e["dur"]),
+             "stream": e.get("args", {}).get("stream"), "grid": e.get("args", {}).get("grid")} for e in ks]
+
+
+def one_step(ks: list[dict], n_steps: int) -> list[dict]:
+    """The last of ``n_steps`` steps (steps are separated by a host sync: the largest gaps)."""
+    if n_steps == 1 or len(ks) < 2:
+        return ks
+    gaps = sorted(range(1, len(ks)), key=lambda i: ks[i]["ts"] - ks[i - 1]["ts"], reverse=True)[: n_steps - 1]
+    return ks[max(gaps):]
+
+
+def analyse(step: list[dict]) -> dict:
+    t0 = step[0]["ts"]
+    end = max(k["ts"] + k["dur"] for k in step)
+    streams: dict = {}
+    for k in step:
+        streams.setdefault(k["stream"], []).append(k)
+    main = max(streams, key=lambda s: len(streams[s]))
+    gap = 0.0
+    mk = streams[main]
+    for a, b in zip(mk, mk[1:]):
+        gap += max(0.0, b["ts"] - (a["ts"] + a["dur"]))
+    return {"wall_us": end - t0, "launches": len(step), "main_stream": main,
+            "busy_us": {str(s): sum(k["dur"] for k in v) for s, v in streams.items()},
+            "main_gap_us": gap, "kernels": [dict(k, ts=k["ts"] - t0) for k in step]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", default="1,64")
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--path", default="fast")
+    args = ap.parse_args()
+    engine = create_engine("embedded", config="mini", device="cuda", dtype="bfloat16")
+    model = engine.load(args.path)
+    out = []
+    for b in [int(x) for x in args.batches.split(",")]:
+        step = model.decode_step(b, args.context)
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
+        n = 3
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(n):
+                step()
+                torch.cuda.synchronize()
+        with tempfile.NamedTemporaryFile(suffix=".json") as tf:
+            prof.export_chrome_trace(tf.name)
+            ks = kernels_of(tf.name)
+        res = analyse(one_step(ks, n))
+        res.update(batch=b, context=args.context, path=args.path)
+        out.append(res)
+        print(f"\n== {args.path} batch {b} ctx {args.context}: wall {res['wall_us']:.0f} us, "
+              f"{res['launches']} launches, busy per stream {res['busy_us']}, "
+              f"main-stream gaps {res['main_gap_us']:.0f} us")
+        for k in res["kernels"]:
+            side = "" if k["stream"] == res["main_stream"] else "  [side]"
+            print(f"  {k['ts']:8.1f} {k['dur']:7.1f} us  {k['name'][:40]:40s} grid={k['grid']}{side}")
+    model.close()
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "timeline.json"), "w") as f:
+            json.dump(out, f)
+
+
+if __name__ == "__main__":
+    main()
