@@ -82,7 +82,7 @@ def main() -> None:
             if norm:
                 kw["norm_weight"] = torch.ones(K, device=dev, dtype=bf)
             base = tuning.entry("gemv", M, device=dev)
-            cands = [("table", tuning.lookup("gemv", M, device=dev, N=N, K=K))]
+            cands = [("table", tuning.lookup("gemv", M, device=dev, N=N, K=K, epilogue=epi))]
             for label, upd in (SMALL_M if int(base.get("BLOCK_M") or 1) < 16 else TILED):
                 e = dict(base)
                 e.update(upd)

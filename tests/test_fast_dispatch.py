@@ -136,6 +136,19 @@ def test_h200_split_k_when_n_is_small(monkeypatch):
     assert short["SPLIT_K"] * short["BLOCK_K"] <= 512 or short["SPLIT_K"] == 1
 
 
+def test_h200_per_call_site_overrides(monkeypatch):
+    """A table override applies to the call sites whose N, K and epilogue all match, only there."""
+    monkeypatch.setattr(tuning, "device_name", lambda device=None: "NVIDIA H200")
+    swiglu = tuning.lookup("gemv", 1, device="cuda", N=4096, K=4096, epilogue="swiglu")
+    plain = tuning.lookup("gemv", 1, device="cuda", N=4096, K=4096, epilogue="residual")
+    assert (swiglu["BLOCK_N"], swiglu["prefetch"]) == (16, 0)
+    assert (plain["BLOCK_N"], plain["prefetch"]) == (8, 1)
+    assert "overrides" not in swiglu and "note" not in swiglu
+    fg = tuning.lookup("gemv", 8, device="cuda", N=8192, K=256)
+    assert (fg["BLOCK_N"], fg["BLOCK_K"]) == (32, 256)
+    assert tuning.lookup("gemv", 8, device="cuda", N=8192, K=4096)["BLOCK_N"] == 128
+
+
 def test_unknown_gpu_uses_default_table(monkeypatch):
     monkeypatch.setattr(tuning, "device_name", lambda device=None: "Some Future GPU")
     assert tuning.table_for("cuda")["device"] == "default"

@@ -3,7 +3,10 @@
 A table file holds ``{"device": NAME, "kernels": {KERNEL: {"buckets": [ENTRY, ...]}}}``: ENTRY
 has ``max_batch`` (the bucket covers batch sizes up to it, buckets in increasing order) and the
 kernel's parameters (block sizes, ``SPLIT_K`` — an int or "auto" —, ``num_warps``, ``variant``
-such as "triton" or "cute"). Device names: ``torch.cuda.get_device_name()`` (e.g.
+such as "triton" or "cute") and optionally ``overrides``: a list of ``{N, K, epilogue, ...}``
+entries — the call sites whose shape matches every shape key given (N, K, epilogue) take the
+entry's other parameters instead (measured per call site: e.g. one SwiGLU projection wants
+another tile than the plain projection of the same N x K). Device names: ``torch.cuda.get_device_name()`` (e.g.
 "NVIDIA H200") or ``"cpu-interpreter"`` (Triton's interpreter on CPU). An unknown GPU uses the
 "default" table. No code branches per device: add a JSON file.
 """
@@ -64,11 +67,18 @@ def entry(kernel: str, batch: int, device: Any = None) -> dict:
     return dict(buckets[-1])
 
 
-def lookup(kernel: str, batch: int, device: Any = None, **shape: int) -> dict:
-    """Resolved parameters: like ``entry`` with ``SPLIT_K: "auto"`` turned into an int from the
-    shape (enough programs to fill the GPU: ``target_programs``, at least ``min_k_iters``
-    BLOCK_K steps per split)."""
+SHAPE_KEYS = ("N", "K", "epilogue")
+
+
+def lookup(kernel: str, batch: int, device: Any = None, **shape: Any) -> dict:
+    """Resolved parameters: like ``entry`` with the matching ``overrides`` applied (in order)
+    and ``SPLIT_K: "auto"`` turned into an int from the shape (enough programs to fill the GPU:
+    ``target_programs``, at least ``min_k_iters`` BLOCK_K steps per split)."""
     cfg = entry(kernel, batch, device)
+    for over in cfg.pop("overrides", []):
+        keys = [k for k in SHAPE_KEYS if k in over]
+        if keys and all(shape.get(k) == over[k] for k in keys):
+            cfg.update({k: v for k, v in over.items() if k not in SHAPE_KEYS and k != "note"})
     if cfg.get("SPLIT_K") == "auto":
         N, K = shape.get("N"), shape.get("K")
         if N is None or K is None:

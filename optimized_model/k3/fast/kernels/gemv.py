@@ -179,11 +179,11 @@ def _pow2_at_least(v: int) -> int:
     return 1 << max(0, (int(v) - 1).bit_length())
 
 
-def default_config(M: int, N: int, K: int, device: torch.device | str = "cpu") -> dict:
+def default_config(M: int, N: int, K: int, device: torch.device | str = "cpu", epilogue: str = "none") -> dict:
     """Tuning-table entry for this shape (see fast/tuning.py)."""
     from .. import tuning
 
-    return tuning.lookup("gemv", M, device=device, N=N, K=K)
+    return tuning.lookup("gemv", M, device=device, N=N, K=K, epilogue=epilogue)
 
 
 class GemvScratch:
@@ -236,7 +236,7 @@ def gemv(
     N = w.shape[0] // 2 if epi == 2 else w.shape[0]
     assert w.shape[1] == K, f"gemv: x has K={K}, W has {w.shape[1]}"
     G, sxg, swg, syg, srg = groups if groups is not None else (1, 0, 0, 0, 0)
-    cfg = dict(config) if config is not None else default_config(M, N, K, x.device)
+    cfg = dict(config) if config is not None else default_config(M, N, K, x.device, epilogue)
     BM = int(cfg.get("BLOCK_M") or min(_pow2_at_least(M), 64))
     BN, BK = int(cfg["BLOCK_N"]), int(cfg["BLOCK_K"])
     use_dot = BM >= 16

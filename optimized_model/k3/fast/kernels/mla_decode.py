@@ -234,15 +234,15 @@ def standard(q, cache, lengths, *, scale, length_offset=0, max_len=None, **_):
     return _attend(q, cache, lengths, scale, length_offset, q.dtype, max_len).to(q.dtype)
 
 
-def fast(q, cache, lengths, *, scale, length_offset=0, max_len=None, num_splits=None, **_):
+def fast(q, cache, lengths, *, scale, length_offset=0, max_len=None, num_splits=None, block_h=16, **_):
     return mla_decode(q, cache, lengths, scale=scale, length_offset=length_offset,
-                      max_len=max_len, num_splits=num_splits)
+                      max_len=max_len, num_splits=num_splits, block_h=block_h)
 
 
 def make_inputs(shape: dict, value_class: str = "normal", dtype: Any = torch.float32,
                 device: Any = "cpu", seed: int = 0) -> dict:
     """shape: {"batch", "heads", "latent" (kv_lora), "context" (cache length / max_len),
-    "num_splits" (optional), "qk_head" (for the scale, default 128)}. value classes: normal
+    "num_splits", "block_h" (optional), "qk_head" (for the scale, default 128)}. value classes: normal
     (unit-RMS latents, full lengths), large (x16 q: peaked softmax), near_zero (1e-3 scale),
     masked (random per-sequence lengths in [0, context], incl. 0 and 1)."""
     if isinstance(dtype, str):
@@ -269,6 +269,8 @@ def make_inputs(shape: dict, value_class: str = "normal", dtype: Any = torch.flo
                scale=shape.get("qk_head", 128) ** -0.5, max_len=T)
     if shape.get("num_splits"):
         out["num_splits"] = shape["num_splits"]
+    if shape.get("block_h"):
+        out["block_h"] = shape["block_h"]
     return out
 
 
@@ -276,9 +278,11 @@ def kernel_entry(device: Any = None) -> KernelSpec:
     on_cuda = str(device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
     if on_cuda:
         hd = dict(heads=32, latent=512)
-        shapes = [dict(batch=bs, context=1024, **hd) for bs in (1, 2, 4, 8, 16, 32, 64)]
+        # heads per program as the H200 table runs them: 16 up to batch 4, 32 from batch 8
+        shapes = [dict(batch=bs, context=1024, **hd, **({"block_h": 32} if bs >= 8 else {}))
+                  for bs in (1, 2, 4, 8, 16, 32, 64)]
         shapes += [dict(batch=1, context=32768, **hd), dict(batch=4, context=8192, **hd),
-                   dict(batch=3, context=1000, **hd), dict(batch=64, context=8192, **hd),
+                   dict(batch=3, context=1000, **hd), dict(batch=64, context=8192, block_h=32, **hd),
                    dict(batch=5, context=4099, heads=20, latent=512)]
     else:  # Triton interpreter: small latent / contexts
         hd = dict(heads=2, latent=16, qk_head=16)

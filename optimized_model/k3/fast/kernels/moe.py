@@ -3,10 +3,11 @@
 * ``fp_moe_router_kernel`` — grid (expert blocks, token blocks): each program computes the fp32
   router logits of BLOCK_M tokens x BLOCK_E experts (RMSNorm of x in the prologue — the ffn norm,
   in wide chunks — the normed x rounded to the working dtype like the standard path, fp32 weight), stores them to a workspace and
-  takes an atomic ticket; the LAST program applies sigmoid, + correction bias (selection only),
-  top-k by repeated argmax (ties: lowest id), weights = selected sigmoid scores normalised over
-  the k and scaled by ``routed_scaling``, for every token, writes ids int32 [M, k] and weights
-  fp32 [M, k], and (``align``) groups the pairs by expert (below). One launch, deterministic.
+  takes its token block's atomic ticket; the LAST program of each token block applies sigmoid,
+  + correction bias (selection only), top-k by repeated argmax (ties: lowest id), weights =
+  selected sigmoid scores normalised over the k and scaled by ``routed_scaling``, for the
+  block's tokens, writes ids int32 [M, k] and weights fp32 [M, k]; with ``align`` the last token
+  block to finish groups the pairs by expert (below). One launch, deterministic.
 * ``fp_moe_experts_align_kernel`` (or the router's last program) — the (token, slot) pairs
   grouped by expert, on device, no host sync: per expert (increasing id) its pairs in increasing
   pair order, cut into blocks of BLOCK_M rows; per block its expert (-1 = unused) and its rows.
@@ -42,7 +43,7 @@ def _moe_align(IDS, SORTED, BEXP, BROWS, P, E: tl.constexpr, BLOCK_P: tl.constex
     BEXP[blk] = the block's expert (-1: unused block), BROWS[blk] = its valid rows."""
     rp = tl.arange(0, BLOCK_P)
     p_ok = rp < P
-    ids = tl.load(IDS + rp, mask=p_ok, other=-1)
+    ids = tl.load(IDS + rp, mask=p_ok, other=-1, cache_modifier=".cg")  # written by other programs
     re = tl.arange(0, BLOCK_E)
     match = ids[None, :] == re[:, None]                      # [E, P]
     mi = match.to(tl.int32)
@@ -76,7 +77,7 @@ def fp_moe_router_kernel(X, NW, RW, RB, LG, CNT, IDS, WOUT, SORTED, BEXP, BROWS,
                          M, eps, scaling, stride_xm,
                          D: tl.constexpr, E: tl.constexpr, TOPK: tl.constexpr,
                          BLOCK_ME: tl.constexpr, BLOCK_RE: tl.constexpr, BLOCK_K: tl.constexpr,
-                         BLOCK_MM: tl.constexpr, BLOCK_E: tl.constexpr, NORM: tl.constexpr,
+                         BLOCK_E: tl.constexpr, NORM: tl.constexpr,
                          NORM_BK: tl.constexpr, ALIGN: tl.constexpr, BLOCK_P: tl.constexpr, ALIGN_M: tl.constexpr,
                          MAX_BLOCKS: tl.constexpr, BLOCK_B: tl.constexpr):
     # phase 1 (every program): fp32 logits of BLOCK_ME tokens x BLOCK_RE experts
@@ -111,23 +112,22 @@ def fp_moe_router_kernel(X, NW, RW, RB, LG, CNT, IDS, WOUT, SORTED, BEXP, BROWS,
             xk = (xk.to(tl.float32) * rstd[:, None] * nw[None, :]).to(X.dtype.element_ty)
         acc += tl.sum(xk.to(tl.float32)[:, None, :] * w[None, :, :], axis=2)
     tl.store(LG + rm[:, None] * E + re[None, :], acc, mask=m_ok[:, None] & e_ok[None, :])
-    # phase 2 (the last program to finish, atomic ticket): sigmoid, bias, top-k of every token
+    # phase 2, per token block (the last of its expert programs to finish, atomic ticket):
+    # sigmoid, bias, top-k of this block's tokens — parallel over token blocks, so a batch of 64
+    # does not wait for one program to rank all 64 tokens
     tl.debug_barrier()
-    n_prog = tl.num_programs(0) * tl.num_programs(1)
-    ticket = tl.atomic_add(CNT, 1, sem="acq_rel")
-    if ticket == n_prog - 1:
-        ra = tl.arange(0, BLOCK_MM)
+    ticket = tl.atomic_add(CNT + pid_m, 1, sem="acq_rel")
+    if ticket == tl.num_programs(0) - 1:
         ea = tl.arange(0, BLOCK_E)
-        a_ok = ra < M
         ea_ok = ea < E
-        lg = tl.load(LG + ra[:, None] * E + ea[None, :], mask=a_ok[:, None] & ea_ok[None, :], other=0.0,
+        lg = tl.load(LG + rm[:, None] * E + ea[None, :], mask=m_ok[:, None] & ea_ok[None, :], other=0.0,
                      cache_modifier=".cg")
         score = 1.0 / (1.0 + tl.exp(-lg))
         sel = score + tl.load(RB + ea, mask=ea_ok, other=0.0).to(tl.float32)[None, :]
         sel = tl.where(ea_ok[None, :], sel, float("-inf"))
         rt = tl.arange(0, TOPK)
-        ids = tl.zeros([BLOCK_MM, TOPK], dtype=tl.int32)
-        ws = tl.zeros([BLOCK_MM, TOPK], dtype=tl.float32)
+        ids = tl.zeros([BLOCK_ME, TOPK], dtype=tl.int32)
+        ws = tl.zeros([BLOCK_ME, TOPK], dtype=tl.float32)
         for j in tl.static_range(TOPK):
             best = tl.max(sel, axis=1)
             hit = sel == best[:, None]
@@ -138,14 +138,19 @@ def fp_moe_router_kernel(X, NW, RW, RB, LG, CNT, IDS, WOUT, SORTED, BEXP, BROWS,
             ws = tl.where(rt[None, :] == j, sc[:, None], ws)
             sel = tl.where(one, float("-inf"), sel)
         ws = ws / tl.sum(ws, axis=1)[:, None] * scaling
-        o_mask = a_ok[:, None] & (rt[None, :] < TOPK)
-        tl.store(IDS + ra[:, None] * TOPK + rt[None, :], ids, mask=o_mask)
-        tl.store(WOUT + ra[:, None] * TOPK + rt[None, :], ws, mask=o_mask)
-        tl.atomic_xchg(CNT, 0)  # re-arm for the next launch / graph replay
+        o_mask = m_ok[:, None] & (rt[None, :] < TOPK)
+        tl.store(IDS + rm[:, None] * TOPK + rt[None, :], ids, mask=o_mask)
+        tl.store(WOUT + rm[:, None] * TOPK + rt[None, :], ws, mask=o_mask)
+        tl.atomic_xchg(CNT + pid_m, 0)  # re-arm for the next launch / graph replay
         if ALIGN:
+            # phase 3: the last token block to finish groups all pairs by expert
             tl.debug_barrier()
-            _moe_align(IDS, SORTED, BEXP, BROWS, M * TOPK, E, BLOCK_P, BLOCK_E, ALIGN_M,
-                       MAX_BLOCKS, BLOCK_B)
+            n_m = tl.num_programs(1)
+            done = tl.atomic_add(CNT + n_m, 1, sem="acq_rel")
+            if done == n_m - 1:
+                _moe_align(IDS, SORTED, BEXP, BROWS, M * TOPK, E, BLOCK_P, BLOCK_E, ALIGN_M,
+                           MAX_BLOCKS, BLOCK_B)
+                tl.atomic_xchg(CNT + n_m, 0)
 
 
 @triton.jit
@@ -279,11 +284,12 @@ class MoeAlign:
 
 
 class RouterScratch:
-    """fp32 logits workspace + the zeroed ticket of the router's last-program epilogue."""
+    """fp32 logits workspace + zeroed tickets: one per token block (its top-k epilogue) and one
+    for the grouping by expert (the last token block)."""
 
     def __init__(self, M: int, E: int, device):
         self.logits = torch.empty(max(1, M * E), dtype=torch.float32, device=device)
-        self.cnt = torch.zeros(1, dtype=torch.int32, device=device)
+        self.cnt = torch.zeros(M + 1, dtype=torch.int32, device=device)
 
 
 def moe_router(x, router_w, router_bias, top_k: int, *, routed_scaling: float = 1.0,
@@ -292,8 +298,9 @@ def moe_router(x, router_w, router_bias, top_k: int, *, routed_scaling: float = 
     """Fused router. x [M, D] (working dtype; normalised here when ``norm_weight`` is given),
     router_w fp32 [E, D], router_bias fp32 [E]. Returns (ids int32 [M, k], weights fp32 [M, k]).
     Grid over (expert blocks, token blocks): the fp32 logits are a parallel gemv; the last
-    program to finish (atomic ticket) applies sigmoid, bias, top-k, normalisation and scaling
-    for every token and, given ``align``, groups the pairs by expert for ``moe_experts``."""
+    program of each token block (atomic ticket) applies sigmoid, bias, top-k, normalisation and
+    scaling for its tokens; given ``align``, the last token block groups the pairs by expert for
+    ``moe_experts``."""
     M, D = x.shape
     E = router_w.shape[0]
     cfg = _cfg("moe_router", M, x.device, config)
@@ -319,7 +326,7 @@ def moe_router(x, router_w, router_bias, top_k: int, *, routed_scaling: float = 
         scratch.logits, scratch.cnt, ids, weights, *a_bufs,
         M, float(eps), float(routed_scaling), x.stride(0),
         D=D, E=E, TOPK=top_k, BLOCK_ME=BME, BLOCK_RE=BRE, BLOCK_K=int(cfg.get("BLOCK_K", 64)),
-        BLOCK_MM=max(2, _p2(M)), BLOCK_E=ac["BLOCK_E"], NORM=norm_weight is not None,
+        BLOCK_E=ac["BLOCK_E"], NORM=norm_weight is not None,
         NORM_BK=min(_p2(D), max(int(cfg.get("BLOCK_K", 64)), 16384 // BME)),
         ALIGN=align is not None, BLOCK_P=ac["BLOCK_P"], ALIGN_M=align.block_m if align is not None else 1,
         MAX_BLOCKS=ac["MAX_BLOCKS"], BLOCK_B=ac["BLOCK_B"],
