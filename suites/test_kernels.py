@@ -212,7 +212,8 @@ def test_kernel(case, fp_engine, fp_tier, fp_gate, record, waive):
                         jit_worst = max(jit_worst, float(dj))
         n_checked = len(shapes) * len(e.value_classes)
         record("kernels_finite", "nonfinite_where_oracle_finite", sum(x["count"] for x in nonfinite), threshold=0,
-               comparator="<=", detail={"cases_checked": n_checked, "seconds": round(time.monotonic() - started, 2)}, evidence=H.jsonable({"failures": nonfinite}),
+               comparator="<=", detail={"cases_checked": n_checked, "seconds": round(time.monotonic() - started, 2)},
+               evidence=H.jsonable({"failures": nonfinite}),
                message="" if not nonfinite else f"{e.name}: NaN/Inf where the oracle is finite in "
                f"{len(nonfinite)} of {n_checked} cases", **base)
         mode = "bitwise" if e.deterministic else "within tolerance"
