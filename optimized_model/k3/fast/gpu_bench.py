@@ -122,13 +122,10 @@ def check_kernels(budget_s: float) -> list[dict]:
 
 
 def time_graph(fn, replays: int) -> float:
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(replays):
-        fn()
-    e.record()
-    e.synchronize()
-    return s.elapsed_time(e) / replays / 1e3
+    """Seconds per call of ``fn`` (CUDA events around ``replays`` back-to-back calls)."""
+    from optimized_model.k3.bench_decode import time_calls
+
+    return time_calls(fn, replays, "cuda")
 
 
 def time_kernel(fn, reps: int = 20, rounds: int = 3) -> float:

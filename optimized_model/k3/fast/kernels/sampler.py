@@ -201,17 +201,13 @@ def _param_tensors(params: Sequence[SamplingParams]) -> tuple[torch.Tensor, torc
     return temp, top_k, top_p
 
 
-class FastSampler:
-    """The fused Triton sampler with the standard ``Sampler`` interface."""
+class FastSampler(Sampler):
+    """The fused Triton sampler. Noise and ``probs`` (the distribution rows are sampled from:
+    by contract the standard one, which the features suite checks the kernel's sampled
+    frequencies against) are the standard ``Sampler``'s; ``sample`` runs the kernel."""
 
     name = "fast"
     variant = "triton_bisect"
-
-    def __init__(self, n_valid: int | None = None):
-        self.n_valid = n_valid
-
-    def draw_noise(self, generators: Sequence[torch.Generator | None], vocab: int) -> torch.Tensor:
-        return draw_noise(generators, vocab)
 
     def sample(
         self,
@@ -235,16 +231,6 @@ class FastSampler:
         tok, lp = sample_tensors(logits, temp, top_k, top_p, noise, bitmask, n_valid=self.n_valid)
         trace.engaged("sampler", variant, batch=B, vocab=V)
         return tok, lp
-
-    def probs(
-        self,
-        logits: torch.Tensor,
-        params: Sequence[SamplingParams],
-        bitmask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """The distribution rows are sampled from: by contract the standard one (the features
-        suite checks the kernel's sampled frequencies against it)."""
-        return Sampler(n_valid=self.n_valid).probs(logits, params, bitmask)
 
 
 # --------------------------------------------------------------------------------------------
