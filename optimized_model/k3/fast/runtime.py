@@ -246,9 +246,11 @@ class FastDecoder:
         cache = state.latent[p.slot]
         NORM.add_rmsnorm(col("kv"), p.kv_a_norm, eps=cfg.norm_eps, out=cache, positions=state.lengths)
         o_lat = bufs["o_lat"]
+        mcfg = tuning.entry("mla_decode", B, device=self.device)
         mla_decode(q_lat, cache, state.lengths, scale=nope ** -0.5, length_offset=1,
-                   max_len=cache.shape[1], out=o_lat,
-                   block_h=int(tuning.entry("mla_decode", B, device=self.device).get("BLOCK_H", 16)))
+                   max_len=cache.shape[1], out=o_lat, block_h=int(mcfg.get("BLOCK_H", 16)),
+                   layout=mcfg.get("layout", "head_major"), block_t=mcfg.get("BLOCK_T"),
+                   num_warps=mcfg.get("num_warps"))
         o = bufs["o"][:, : H * v]
         w_uv = p.kv_b[nope: nope + v]  # head 0's W_uv rows; head h at + h * (nope + v) * C
         G.gemv(o_lat[:, 0], w_uv, out=o[:, :v], epilogue="sigmoid_gate", gate=col("gate")[:, :v],

@@ -383,7 +383,8 @@ def kernel_entry(device: Any = None) -> KernelSpec:
         shapes = [dict(batch=bs, **hk) for bs in (1, 2, 4, 8, 16, 32, 64)]
         shapes += [dict(batch=3, **hk), dict(batch=5, heads=32, head_k=128, head_v=128, conv_len=4),
                    dict(batch=1, heads=32, head_k=128, head_v=128, block_v=32),
-                   dict(batch=64, heads=32, head_k=128, head_v=128, block_v=32),  # H200 table, batch 64
+                   dict(batch=32, heads=32, head_k=128, head_v=128, block_v=32),  # H200 table, batch 32-64
+                   dict(batch=64, heads=32, head_k=128, head_v=128, block_v=32),
                    dict(batch=64, heads=32, head_k=128, head_v=128, block_v=64),
                    dict(batch=7, heads=3, head_k=96, head_v=80)]
     else:  # Triton interpreter: small heads

@@ -16,6 +16,10 @@ Kernels:
   contiguous range of ``split_len`` positions, runs an online softmax (fp32 max / sum / acc,
   ``tl.dot`` for q·cᵀ and p·c) and stores its normalised partial output and log-sum-exp
   (or, when NS == 1, the final output directly);
+* ``mla_decode_split_kvmajor_kernel``, same grid and outputs, with the positions as the MMA's M
+  dimension (scoresᵀ = c qᵀ [BT, BH], outᵀ += cᵀ pᵀ [D, BH]): with K3-mini's 32 heads the
+  head-major dots have M = 32, too small for Hopper's warpgroup MMA; on the H200 this layout
+  reads the latent cache at 2.8 TB/s vs 1.7 (scripts/gpu_attn_sweep.py, batch 64 x 32k);
 * ``mla_decode_combine_kernel``, grid (B, H): merges the NS partials with weights
   exp(lse_s - max lse).
 
@@ -44,6 +48,7 @@ from fastpath import trace
 from .entry import KernelSpec, default_dtypes
 
 COMPONENT = "mla_decode"
+LAYOUTS = {"head_major": "triton_splitkv", "kv_major": "triton_splitkv_kvmajor"}  # -> trace variant
 
 
 @triton.jit
@@ -109,6 +114,68 @@ def mla_decode_split_kernel(
 
 
 @triton.jit
+def mla_decode_split_kvmajor_kernel(
+    q, cache, lengths, out, o_part, lse_part,
+    sq_b, sq_h, sc_b, sc_t, so_b, so_h,
+    scale, split_len, length_offset, NS,
+    H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BH: tl.constexpr, BT: tl.constexpr,
+    DIRECT: tl.constexpr, IEEE: tl.constexpr, n_tiles: tl.constexpr,
+):
+    """The split kernel with positions as the MMA's M dimension: scores^T = c q^T [BT, BH],
+    out^T += c^T p^T [BD, BH]. With 32 heads the head-major dots have M = 32 (too small for
+    Hopper's warpgroup MMA); here M = BT (>= 64) and D (512)."""
+    b = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
+    hb = tl.program_id(2)
+    n = tl.load(lengths + b).to(tl.int32) + length_offset
+    start = s * split_len
+    end = tl.minimum(n, start + split_len)
+
+    oh = hb * BH + tl.arange(0, BH)
+    mh = oh < H
+    od = tl.arange(0, BD)
+    md = od < D
+    qT = tl.load(q + b * sq_b + oh[None, :] * sq_h + od[:, None], mask=md[:, None] & mh[None, :], other=0.0)
+
+    m_i = tl.full([BH], float("-inf"), tl.float32)
+    l_i = tl.zeros([BH], tl.float32)
+    accT = tl.zeros([BD, BH], tl.float32)
+    base = cache + b * sc_b
+    if start < end:
+        for i in range(0, n_tiles):
+            ot = start + i * BT + tl.arange(0, BT)
+            mt = ot < end
+            c = tl.load(base + ot[:, None].to(tl.int64) * sc_t + od[None, :],
+                        mask=mt[:, None] & md[None, :], other=0.0)
+            if IEEE:
+                sc = tl.dot(c, qT, input_precision="ieee")
+            else:
+                sc = tl.dot(c, qT)
+            sc = tl.where(mt[:, None], sc * scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(sc, 0))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp(m_i - m_safe)
+            p = tl.exp(sc - m_safe[None, :])
+            l_i = l_i * alpha + tl.sum(p, 0)
+            if IEEE:
+                accT = accT * alpha[None, :] + tl.dot(tl.trans(c), p.to(c.dtype), input_precision="ieee")
+            else:
+                accT = accT * alpha[None, :] + tl.dot(tl.trans(c), p.to(c.dtype))
+            m_i = m_new
+
+    has = l_i > 0
+    oT = accT / tl.where(has, l_i, 1.0)[None, :]
+    if DIRECT:
+        tl.store(out + b * so_b + oh[None, :] * so_h + od[:, None], oT.to(out.dtype.element_ty),
+                 mask=md[:, None] & mh[None, :])
+    else:
+        lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+        row = (b * NS + s) * H + oh
+        tl.store(lse_part + row, lse, mask=mh)
+        tl.store(o_part + row[None, :] * D + od[:, None], oT, mask=md[:, None] & mh[None, :])
+
+
+@triton.jit
 def mla_decode_combine_kernel(
     o_part, lse_part, out, so_b, so_h, NS,
     H: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BDC: tl.constexpr,
@@ -156,15 +223,20 @@ def choose_splits(batch: int, head_blocks: int, max_len: int, sm_count: int = 13
 def mla_decode(
     q: torch.Tensor, cache: torch.Tensor, lengths: torch.Tensor, *, scale: float,
     length_offset: int = 0, max_len: int | None = None, num_splits: int | None = None,
-    block_t: int | None = None, block_h: int = 16, out: torch.Tensor | None = None,
+    block_t: int | None = None, block_h: int = 16, layout: str = "head_major",
+    num_warps: int | None = None, num_stages: int = 2, out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Absorbed MLA decode attention (layouts in the module docstring).
 
     Attends to positions ``t < lengths[b] + length_offset`` (K3's DecodeState: the step writes its
     latent at ``lengths[b]`` then attends with ``length_offset=1``). ``max_len`` bounds
     ``lengths + length_offset`` (default: the cache capacity); it and the batch choose the split
-    count unless ``num_splits`` is given. Returns out [B, H, D] (q's dtype).
+    count unless ``num_splits`` is given. ``layout`` picks the split kernel: "head_major"
+    (heads as the MMA's M) or "kv_major" (positions as M; ``mla_decode_split_kvmajor_kernel``).
+    Returns out [B, H, D] (q's dtype).
     """
+    if layout not in LAYOUTS:
+        raise ValueError(f"mla_decode: unknown layout {layout!r}; choose one of {sorted(LAYOUTS)}")
     B, H, D = q.shape
     assert cache.shape[0] == B and cache.shape[2] == D, (q.shape, cache.shape)
     assert q.stride(-1) == 1 and cache.stride(-1) == 1
@@ -172,9 +244,15 @@ def mla_decode(
     BH = max(16, min(block_h, triton.next_power_of_2(H)))
     HB = triton.cdiv(H, BH)
     BD = triton.next_power_of_2(D)
-    BT = block_t or (32 if BD >= 256 else 64)
+    kv_major = layout == "kv_major"
+    BT = block_t or (64 if kv_major or BD < 256 else 32)
     NS = num_splits or choose_splits(B, HB, T, _sm_count(q.device))
     split_len = triton.next_power_of_2(triton.cdiv(triton.cdiv(max(T, 1), NS), BT)) * BT
+    if kv_major:
+        # at least two tiles per split: with one (a loop of one trip) the kv-major kernel gave
+        # wrong outputs on the H200 (Triton 3.6, sm_90; right under the interpreter) — seen in
+        # scripts/gpu_attn_sweep.py at context 1024 with BT 128 or 16 splits
+        split_len = max(split_len, 2 * BT)
     NS = max(1, triton.cdiv(max(T, 1), split_len))
     if out is None:
         out = torch.empty((B, H, D), dtype=q.dtype, device=q.device)
@@ -183,15 +261,16 @@ def mla_decode(
         lse_part = torch.empty((B, NS, H), dtype=torch.float32, device=q.device)
     else:
         o_part = lse_part = out
-    trace.engaged(COMPONENT, "triton_splitkv", batch=B, heads=H, latent=D, max_len=T,
-                  num_splits=NS)
+    trace.engaged(COMPONENT, LAYOUTS[layout], batch=B, heads=H, latent=D, max_len=T,
+                  num_splits=NS, block_t=BT)
     ieee = q.dtype == torch.float32
-    mla_decode_split_kernel[(B, NS, HB)](
+    split_kernel = mla_decode_split_kvmajor_kernel if kv_major else mla_decode_split_kernel
+    split_kernel[(B, NS, HB)](
         q, cache, lengths, out, o_part, lse_part,
         q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), out.stride(0), out.stride(1),
         float(scale), int(split_len), int(length_offset), NS,
         H=H, D=D, BD=BD, BH=BH, BT=BT, DIRECT=NS == 1, IEEE=ieee, n_tiles=split_len // BT,
-        num_warps=8 if BD >= 256 else 4, num_stages=2,
+        num_warps=num_warps or (8 if BD >= 256 else 4), num_stages=num_stages,
     )
     if NS > 1:
         mla_decode_combine_kernel[(B, H)](
@@ -234,9 +313,11 @@ def standard(q, cache, lengths, *, scale, length_offset=0, max_len=None, **_):
     return _attend(q, cache, lengths, scale, length_offset, q.dtype, max_len).to(q.dtype)
 
 
-def fast(q, cache, lengths, *, scale, length_offset=0, max_len=None, num_splits=None, block_h=16, **_):
+def fast(q, cache, lengths, *, scale, length_offset=0, max_len=None, num_splits=None, block_h=16,
+         layout="head_major", block_t=None, **_):
     return mla_decode(q, cache, lengths, scale=scale, length_offset=length_offset,
-                      max_len=max_len, num_splits=num_splits, block_h=block_h)
+                      max_len=max_len, num_splits=num_splits, block_h=block_h, layout=layout,
+                      block_t=block_t)
 
 
 def make_inputs(shape: dict, value_class: str = "normal", dtype: Any = torch.float32,
@@ -269,8 +350,9 @@ def make_inputs(shape: dict, value_class: str = "normal", dtype: Any = torch.flo
                scale=shape.get("qk_head", 128) ** -0.5, max_len=T)
     if shape.get("num_splits"):
         out["num_splits"] = shape["num_splits"]
-    if shape.get("block_h"):
-        out["block_h"] = shape["block_h"]
+    for key in ("block_h", "layout", "block_t"):
+        if shape.get(key):
+            out[key] = shape[key]
     return out
 
 
@@ -278,18 +360,24 @@ def kernel_entry(device: Any = None) -> KernelSpec:
     on_cuda = str(device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
     if on_cuda:
         hd = dict(heads=32, latent=512)
-        # heads per program as the H200 table runs them: 16 up to batch 4, 32 from batch 8
-        shapes = [dict(batch=bs, context=1024, **hd, **({"block_h": 32} if bs >= 8 else {}))
-                  for bs in (1, 2, 4, 8, 16, 32, 64)]
-        shapes += [dict(batch=1, context=32768, **hd), dict(batch=4, context=8192, **hd),
-                   dict(batch=3, context=1000, **hd), dict(batch=64, context=8192, block_h=32, **hd),
-                   dict(batch=5, context=4099, heads=20, latent=512)]
+        kv = dict(hd, layout="kv_major", block_h=32, block_t=64)  # as the H200 table runs it
+        shapes = [dict(batch=bs, context=1024, **kv) for bs in (1, 2, 4, 8, 16, 32, 64)]
+        shapes += [dict(batch=1, context=32768, **kv), dict(batch=4, context=8192, **kv),
+                   dict(batch=3, context=1000, **kv), dict(batch=64, context=8192, **kv),
+                   dict(batch=5, context=4099, heads=20, latent=512, layout="kv_major", block_t=64),
+                   # the one-tile-per-split case the wrapper avoids (16 splits of 64 asked)
+                   dict(batch=2, context=1024, num_splits=16, **kv),
+                   dict(batch=2, context=40, **kv),
+                   # the head-major kernel (16 and 32 heads per program)
+                   dict(batch=2, context=1024, **hd), dict(batch=8, context=8192, block_h=32, **hd)]
     else:  # Triton interpreter: small latent / contexts
         hd = dict(heads=2, latent=16, qk_head=16)
         shapes = [dict(batch=bs, context=40, **hd) for bs in (1, 2, 4, 8, 16, 32, 64)]
         shapes += [dict(batch=3, context=77, num_splits=3, **hd),
                    dict(batch=5, context=130, heads=3, latent=24, qk_head=16, num_splits=4),
-                   dict(batch=2, context=300, **hd)]
+                   dict(batch=2, context=300, **hd),
+                   dict(batch=3, context=77, num_splits=2, layout="kv_major", block_t=16, **hd),
+                   dict(batch=4, context=300, layout="kv_major", block_t=16, **hd)]
     return KernelSpec(
         name="mla_decode", component=COMPONENT, fast=fast, standard=standard, oracle=oracle,
         make_inputs=make_inputs, shapes=shapes,
