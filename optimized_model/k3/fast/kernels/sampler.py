@@ -13,9 +13,12 @@ docs/architecture.md "Sampling contract"):
    largest key t with count(key >= t) >= k. 32 halvings of the int32 range are exact (each a
    compare + sum over the tile). Keep x >= that value (boundary ties kept).
 3. softmax over the kept ids (the max from step 1 is never removed by top-k).
-4. top-p (p < 1): the same exact bisection over the int32 bit patterns of the (non-negative)
-   probabilities: the largest probability value t with sum(p >= t) >= top_p; keep p >= t
-   (boundary ties kept). If rounding leaves the total mass below top_p, everything is kept.
+4. top-p (p < 1): the same exact bisection over the keys of x: the largest x-threshold t with
+   sum(p where x >= t) >= top_p; keep x >= t (boundary ties kept). In exact arithmetic this is
+   the standard sampler's set (p is monotone in x); in fp32 it differs only where distinct
+   logits round to equal probabilities at the boundary, which the standard path keeps as a
+   tie and the fp64 oracle does not (the H200 kernels suite saw one such row: near-zero
+   logits, vocab 1000). If rounding leaves the total mass below top_p, everything is kept.
 5. renormalise, then the exponential race: token = argmax(where(q > 0, q / E, -1)), lowest id
    on ties, with E the request's Exp(1) noise row drawn on the CPU (the same E as the standard
    path); logprob = log(q[token]) (greedy rows: log_softmax(x)[token]).
@@ -100,21 +103,22 @@ def fp_sampler_kernel(
     tok = best_i
     lp = -tl.log(denom)  # greedy: log_softmax(x)[argmax] = 0 - log(denom)
     if sampled:
-        # 4. top-p: exact bisection over the bit patterns of p >= 0 (monotone as ints)
+        # 4. top-p: exact bisection over the keys of x (p is monotone in x), not over the fp32
+        #    probabilities: near-equal logits can round to equal probabilities, and a tie at
+        #    the boundary would keep ids the exact (fp64) rule drops
         p = e / denom
-        pkey = p.to(tl.int32, bitcast=True).to(tl.int64)
-        pth = tl.min(tl.zeros([BLOCK], tl.int64), axis=0)  # 0: keeps everything
+        pth = kth  # keeps every id top-k kept
         if top_p < 1.0:
-            lo_p = pth
-            hi_p = tl.max(pkey, axis=0) + 1
-            for _ in range(32):  # invariant: mass(p >= lo_p) >= top_p > mass(p >= hi_p)
+            lo_p = kth
+            hi_p = tl.max(key, axis=0) + 1
+            for _ in range(32):  # invariant: mass(key >= lo_p) >= top_p > mass(key >= hi_p)
                 mid_p = lo_p + (hi_p - lo_p) // 2
-                ok_p = tl.sum(tl.where(pkey >= mid_p, p, 0.0), axis=0) >= top_p
+                ok_p = tl.sum(tl.where(key >= mid_p, p, 0.0), axis=0) >= top_p
                 lo_p = tl.where(ok_p, mid_p, lo_p)
                 hi_p = tl.where(ok_p, hi_p, mid_p)
             pth = lo_p
         # 5. renormalise; 6. exponential race (lowest id on ties)
-        p = tl.where(pkey >= pth, p, 0.0)
+        p = tl.where(key >= pth, p, 0.0)
         q = p / tl.sum(p, axis=0)
         noise = tl.load(noise_ptr + row * stride_n + offs, mask=inb, other=1.0)
         s = tl.where(q > 0.0, q / noise, -1.0)
