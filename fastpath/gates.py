@@ -6,6 +6,9 @@ Rules, in order:
 - a row naming a gate the spec does not define fails the verdict ("unknown gate");
 - a gate passes iff it has >= 1 row and every non-waived row passed; no rows = "missing";
   only waivers = "waived", accepted on the smoke tier only;
+- above the smoke tier, a waiver row of a case the plan means to run (a *run-time* waiver:
+  e.g. a kernel whose package is missing on the machine) fails its gate — ``fastpath check``
+  rejects such a bundle (rule results_cover_plan), so verify must not call it a pass;
 - verdict: "incomplete" unless every suite of the plan finished (partial runs never pass),
   else "pass" iff every gate is pass (or waived on smoke) and no row is orphaned.
 
@@ -125,16 +128,25 @@ def evaluate(spec: Spec, rows: pd.DataFrame, plan: Plan, tier: str | None = None
 
     gates: dict[str, GateResult] = {}
     failing: list[dict] = []
+    run_cases = {c.case_id for c in plan.cases}
+
+    def is_bad(r: dict) -> bool:
+        if r["status"] == "waived":
+            return tier != "smoke" and r["case_id"] in run_cases
+        return r["status"] in ("fail", "error") or (r["status"] == "pass" and not r["passed"])
+
     for name, settings in spec.gates.settings.items():
         mine = [r for r in records if r["gate"] == name]
-        bad = [r for r in mine if r["status"] in ("fail", "error") or (r["status"] == "pass" and not r["passed"])]
+        bad = [r for r in mine if is_bad(r)]
         waived = [r for r in mine if r["status"] == "waived"]
         suite = settings["suite"]
         if not mine:
             status = "missing"
             reason = "no evidence: no row for this gate" if state.get(suite) != "not_run" else "suite not run"
         elif bad:
-            status, reason = "fail", f"{len(bad)} of {len(mine)} rows failed"
+            late = sum(r["status"] == "waived" for r in bad)
+            status, reason = "fail", f"{len(bad)} of {len(mine)} rows failed" + (
+                f" ({late} waived at run time: not accepted on the {tier} tier)" if late else "")
         elif len(waived) == len(mine):
             status = "waived"
             reason = "all rows are waivers" + ("" if tier == "smoke" else f" (not accepted on the {tier} tier)")

@@ -154,8 +154,9 @@ def test_kernel(case, fp_engine, fp_tier, fp_gate, record, waive):
         base = {"kernel": e.name, "component": e.component, "dtype": run_dtype}
         if run_dtype not in list(e.dtypes):
             for gate in ("kernels_noise_floor", "kernels_finite", "kernels_deterministic", "kernels_jitter"):
+                why = getattr(e, "unavailable", "") or "e.g. a CUDA-only kernel on CPU"
                 H.record_waived(record, gate, "dtype_supported", f"{e.name} declares no dtype that runs here "
-                                f"(tier dtype {dtype}; e.g. a CUDA-only kernel on CPU)", **base)
+                                f"(tier dtype {dtype}; {why})", **base)
             continue
         dtype_k = run_dtype
         declared = float(getattr(e, "atol_floor", {}).get(dtype_k, 0.0) or 0.0)

@@ -156,8 +156,26 @@ def test_all_waived_gate_fails_on_full_tier(spec):
             make_row(r["suite"], r["case_id"], r["gate"], "waiver", status="waived", message="no profiler")
             for r in rows]
     v = evaluate(spec, rows_frame(rows), plan)
-    assert v.gates["coverage_profiler_kernels"].status == "waived"
+    assert v.gates["coverage_profiler_kernels"].status == "fail"
+    assert "waived at run time: not accepted on the full tier" in v.gates["coverage_profiler_kernels"].reason
     assert v.verdict == "fail"
+
+
+@pytest.mark.parametrize("tier,verdict", [("smoke", "pass"), ("full", "fail")])
+def test_run_time_waiver_beside_passing_rows(spec, tier, verdict):
+    """One kernel waived at run time (its package missing on the machine) among passing rows of
+    the same case: accepted on smoke; on the full tier verify agrees with check's
+    results_cover_plan and fails the gate."""
+    plan = build_plan(spec, tier)
+    rows = passing_rows(plan, spec)
+    case = next(c.case_id for c in plan.cases if c.suite == "kernels")
+    rows.append(make_row("kernels", case, "kernels_noise_floor", "dtype_supported", status="waived",
+                         message="gemv_cute declares no dtype that runs here (package missing)"))
+    v = evaluate(spec, rows_frame(rows), plan)
+    assert v.verdict == verdict
+    assert v.gates["kernels_noise_floor"].status == ("pass" if tier == "smoke" else "fail")
+    if tier == "full":
+        assert [r["message"] for r in v.failing_rows] == ["gemv_cute declares no dtype that runs here (package missing)"]
 
 
 def test_error_row_fails_gate(spec):
