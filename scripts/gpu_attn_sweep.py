@@ -16,7 +16,6 @@ tuning table; nothing here changes it.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import time
@@ -26,6 +25,7 @@ import torch
 from optimized_model.k3.fast.gpu_bench import time_kernel
 from optimized_model.k3.fast.kernels import kda_decode as KDA
 from optimized_model.k3.fast.kernels import mla_decode as MLA
+from sweep_util import load_module, stopwatch_log
 
 MLA_CONFIGS = [
     ("head16_bt32", dict(layout="head_major", block_h=16)),
@@ -82,13 +82,6 @@ def sweep_mla(batches, contexts, deadline, log) -> list[dict]:
     return rows
 
 
-def _load_module(path: str):
-    spec = importlib.util.spec_from_file_location("kda_decode_baseline", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def sweep_kda(batches, baseline, deadline, log) -> list[dict]:
     rows = []
     H, K, V = 32, 128, 128
@@ -129,13 +122,11 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=200.0)
     args = ap.parse_args()
     t0 = time.time()
+    log = stopwatch_log()
     batches = [int(b) for b in args.batches.split(",")]
     contexts = [int(c) for c in args.contexts.split(",")]
 
-    def log(msg):
-        print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
-
-    baseline = _load_module(args.kda_baseline) if args.kda_baseline else None
+    baseline = load_module(args.kda_baseline, "kda_decode_baseline") if args.kda_baseline else None
     rows = sweep_kda(batches, baseline, t0 + args.budget * 0.3, log)
     rows += sweep_mla(batches, contexts, t0 + args.budget, log)
     out_dir = os.environ.get("OUT", ".")

@@ -19,7 +19,7 @@ import time
 import torch
 
 from optimized_model.k3.fast import tuning
-from optimized_model.k3.fast.gpu_bench import _resolve_split, time_kernel
+from optimized_model.k3.fast.gpu_bench import time_kernel
 from optimized_model.k3.fast.kernels import gemv as G
 
 # site: (N, K, epilogue, norm prologue, x slots, fp32 out); mini config, see fast/runtime.py
@@ -86,7 +86,7 @@ def main() -> None:
             for label, upd in (SMALL_M if int(base.get("BLOCK_M") or 1) < 16 else TILED):
                 e = dict(base)
                 e.update(upd)
-                cands.append((label, _resolve_split(e, M, N, K)))
+                cands.append((label, tuning.resolve_split(e, M, N, K)))
             nbytes = rowsW * K * 2
             best = None
             for label, cfg in cands:

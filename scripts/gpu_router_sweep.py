@@ -13,16 +13,15 @@ and its grouping against the standalone align. Writes $OUT/router_sweep.json.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
-import time
 
 import torch
 
 from optimized_model.k3.fast import tuning
 from optimized_model.k3.fast.gpu_bench import time_kernel
 from optimized_model.k3.fast.kernels import moe as MOE
+from sweep_util import load_module, stopwatch_log
 
 CANDIDATES = [
     ("w4", dict(num_warps=4)),
@@ -36,26 +35,16 @@ CANDIDATES = [
 ]
 
 
-def _load(path: str):
-    spec = importlib.util.spec_from_file_location("moe_baseline", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", default="1,8,32,64")
     ap.add_argument("--baseline", default="")
     args = ap.parse_args()
-    t0 = time.time()
+    log = stopwatch_log()
     dev = "cuda"
     D, E, k = 4096, 64, 8
-    base_mod = _load(args.baseline) if args.baseline else None
+    base_mod = load_module(args.baseline, "moe_baseline") if args.baseline else None
     rows = []
-
-    def log(msg):
-        print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
 
     for B in [int(b) for b in args.batches.split(",")]:
         g = torch.Generator(device=dev).manual_seed(B)

@@ -147,18 +147,6 @@ def time_kernel(fn, reps: int = 20, rounds: int = 3) -> float:
     return statistics.median(time_graph(g.replay, 1) for _ in range(rounds)) / reps
 
 
-def _resolve_split(cfg: dict, M: int, N: int, K: int) -> dict:
-    """``SPLIT_K: "auto"`` of a candidate config resolved like fast/tuning.lookup does."""
-    cfg = dict(cfg)
-    if cfg.get("SPLIT_K") == "auto":
-        bm = int(cfg.get("BLOCK_M") or 1)
-        progs = -(-N // int(cfg["BLOCK_N"])) * -(-M // bm)
-        want = max(1, -(-int(cfg.get("target_programs", 1)) // progs))
-        cap = max(1, (-(-K // int(cfg["BLOCK_K"]))) // int(cfg.get("min_k_iters", 1)))
-        cfg["SPLIT_K"] = int(min(want, cap, int(cfg.get("max_split", 16))))
-    return cfg
-
-
 def kernel_timings(budget_s: float, dev: str = "cuda", dtype=torch.bfloat16, dims=None,
                    timer=None) -> list[dict]:
     """Per-kernel µs of the kernels changed after the first profile (mini shapes, bf16),
@@ -251,11 +239,11 @@ def kernel_timings(budget_s: float, dev: str = "cuda", dtype=torch.bfloat16, dim
                         e.update(upd)
                         if M == 2 and label == "cand_bn8_t1056":
                             continue
-                        cfgs.append((label, _resolve_split(e, M, N, D)))
+                        cfgs.append((label, tuning.resolve_split(e, M, N, D)))
                 if N == max(NS) and M == 8:  # small-M per-row form at batch 8 (vs the tl.dot tiles)
                     e = tuning.entry("gemv", 4, device=dev)
                     e.update(BLOCK_M=8)
-                    cfgs.append(("cand_small_bm8", _resolve_split(e, M, N, D)))
+                    cfgs.append(("cand_small_bm8", tuning.resolve_split(e, M, N, D)))
                 if M == 64:
                     e = dict(old64)
                     prog = -(-N // 64)

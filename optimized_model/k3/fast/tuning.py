@@ -79,8 +79,14 @@ def lookup(kernel: str, batch: int, device: Any = None, **shape: Any) -> dict:
         keys = [k for k in SHAPE_KEYS if k in over]
         if keys and all(shape.get(k) == over[k] for k in keys):
             cfg.update({k: v for k, v in over.items() if k not in SHAPE_KEYS and k != "note"})
+    return resolve_split(cfg, batch, shape.get("N"), shape.get("K"))
+
+
+def resolve_split(cfg: dict, batch: int, N: int | None, K: int | None) -> dict:
+    """A copy of ``cfg`` with ``SPLIT_K: "auto"`` turned into an int (1 when the shape is not
+    known); also used by the GPU sweeps on their candidate configs."""
+    cfg = dict(cfg)
     if cfg.get("SPLIT_K") == "auto":
-        N, K = shape.get("N"), shape.get("K")
         if N is None or K is None:
             cfg["SPLIT_K"] = 1
         else:

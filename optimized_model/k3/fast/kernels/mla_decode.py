@@ -52,6 +52,15 @@ LAYOUTS = {"head_major": "triton_splitkv", "kv_major": "triton_splitkv_kvmajor"}
 
 
 @triton.jit
+def _split_bounds(lengths, b, s, split_len, length_offset):
+    """Positions [start, end) of split ``s`` of sequence ``b`` (empty when end <= start)."""
+    n = tl.load(lengths + b).to(tl.int32) + length_offset
+    start = s * split_len
+    end = tl.minimum(start + split_len, n)
+    return start, end
+
+
+@triton.jit
 def mla_decode_split_kernel(
     q, cache, lengths, out, o_part, lse_part,
     sq_b, sq_h, sc_b, sc_t, so_b, so_h,
@@ -62,9 +71,7 @@ def mla_decode_split_kernel(
     b = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     hb = tl.program_id(2)
-    n = tl.load(lengths + b).to(tl.int32) + length_offset
-    start = s * split_len
-    end = tl.minimum(start + split_len, n)
+    start, end = _split_bounds(lengths, b, s, split_len, length_offset)
 
     oh = hb * BH + tl.arange(0, BH)
     mh = oh < H
@@ -127,9 +134,7 @@ def mla_decode_split_kvmajor_kernel(
     b = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     hb = tl.program_id(2)
-    n = tl.load(lengths + b).to(tl.int32) + length_offset
-    start = s * split_len
-    end = tl.minimum(n, start + split_len)
+    start, end = _split_bounds(lengths, b, s, split_len, length_offset)
 
     oh = hb * BH + tl.arange(0, BH)
     mh = oh < H
