@@ -1,6 +1,6 @@
 """Sweep the fused MoE router's configurations at K3-mini's shape (GPU only).
 
-    python3 scripts/gpu_router_sweep.py [--batches 1,8,32,64] [--baseline PATH]
+    python3 scripts/gpu_router_sweep.py [--batches 1,8,32,64] [--baseline PATH] [--table-only]
 
 Router: x [B, 4096] bf16 (normed in the kernel), 64 experts, top-8, with the grouping by
 expert for the experts kernels (``align``, BLOCK_M as the experts' table gives it). Times the
@@ -39,6 +39,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", default="1,8,32,64")
     ap.add_argument("--baseline", default="")
+    ap.add_argument("--table-only", action="store_true", help="time only the table's config (and the baseline's)")
     args = ap.parse_args()
     log = stopwatch_log()
     dev = "cuda"
@@ -55,7 +56,7 @@ def main() -> None:
         bm = MOE.experts_block_m(B, tuning.lookup("moe_experts", B, device=dev))
         ref_ids, _ = MOE.router_reference(x, rw, rb, k, norm_weight=nw)
         table = tuning.lookup("moe_router", B, device=dev)
-        cands = [("table", dict(table))] + [(n, {**table, **c}) for n, c in CANDIDATES]
+        cands = [("table", dict(table))] + ([] if args.table_only else [(n, {**table, **c}) for n, c in CANDIDATES])
         mods = [("", MOE)] + ([("old_", base_mod)] if base_mod else [])
         for prefix, mod in mods:
             for name, cfg in cands:

@@ -114,6 +114,21 @@ def test_router_selects_the_same_experts_as_torch_topk():
     assert torch.allclose(w.sum(-1), torch.full((6,), 2.5), atol=1e-5)
 
 
+def test_router_slots_in_score_order_ties_by_lowest_id():
+    """Slot j holds the j-th best expert (the order of repeated argmax): weights never rise
+    along the slots (bias 0 here, so the selection order is the score order) and equal
+    weights (duplicated router rows) list the lower expert id first."""
+    e = MOE.kernel_entry("cpu")[0]
+    inp = e.make_inputs({"M": 5, "D": 64, "E": 16, "k": 8}, "ties", torch.float32, "cpu", 3)
+    ids, w = MOE.moe_router(**inp)
+    rid, _ = MOE.router_reference(**inp)
+    assert torch.equal(ids.sort(-1).values, rid.sort(-1).values)
+    assert bool((w[:, 1:] <= w[:, :-1]).all())
+    tied = w[:, 1:] == w[:, :-1]
+    assert bool(tied.any()), "the ties inputs should produce equal routing weights"
+    assert bool((ids[:, 1:] > ids[:, :-1])[tied].all())
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_grouped_experts(dtype):
     e = MOE.kernel_entry("cpu")[1]

@@ -14,10 +14,12 @@ Per layer (weights prepacked once at build time; every projection is an ``fp_gem
         1 grouped gemv W_uv with the sigmoid-gate epilogue ; 1 gemv o_proj + residual
   MoE   main stream: fused router (norm prologue, parallel fp32 logits; its last program:
         sigmoid, bias, top-k, normalise, scale, and the by-expert grouping of the pairs);
-        latent down gemv (norm prologue); sorted experts up (SwiGLU) + down (× routing weight),
-        grid (expert block, N tile): each selected expert's weights streamed once by many programs
-        side stream (overlapped): shared expert gate|up SwiGLU gemv (norm prologue), down gemv
-        with residual epilogue → x + shared
+        aux stream (beside the router, which needs few SMs for its serial top-k tail): latent
+        down gemv (norm prologue); main waits for it, then sorted experts up (SwiGLU) + down
+        (× routing weight), grid (expert block, N tile): each selected expert's weights streamed
+        once by many programs
+        side stream (overlapped, low priority): shared expert gate|up SwiGLU gemv (norm
+        prologue), down gemv with residual epilogue → x + shared
         join (event), latent up gemv: slot-sum prologue + residual epilogue (x + shared)
   dense FFN (layer 0): SwiGLU gemv (norm prologue) + down gemv with residual epilogue
   head  gemv [final-norm prologue] → fp32 logits (padding columns stay -inf)
@@ -70,8 +72,15 @@ class FastDecoder:
         self._bufs: dict[int, dict] = {}
         self._scratch: dict[tuple, G.GemvScratch] = {}
         # stream priorities: lower number = higher priority; graph kernel nodes keep the priority
-        # of the stream they were captured from (the main step: high, the shared expert: low)
-        self._side = torch.cuda.Stream(device=self.device, priority=0) if self.on_cuda else None
+        # of the stream they were captured from. The step is captured on ``_main`` (high) — not on
+        # torch's default capture stream, whose priority is the lowest, the same as the side
+        # stream's — so the critical path's blocks are scheduled before the shared expert's.
+        if self.on_cuda:
+            self._main = torch.cuda.Stream(device=self.device, priority=-1)
+            self._aux = torch.cuda.Stream(device=self.device, priority=-1)
+            self._side = torch.cuda.Stream(device=self.device, priority=0)
+        else:
+            self._main = self._aux = self._side = None
         self._mempool = None
         self.layers = [self._pack(i) for i in range(cfg.n_layers)]
         self.w_embed = model.w["embed"]
@@ -147,7 +156,8 @@ class FastDecoder:
             "align": MOE.MoeAlign(B, cfg.top_k, cfg.n_experts,
                                   MOE.experts_block_m(B, tuning.lookup("moe_experts", B, device=dev)), dev),
             "logits": torch.full((B, cfg.vocab_size), float("-inf"), dtype=torch.float32, device=dev),
-            "events": [(torch.cuda.Event(), torch.cuda.Event()) for _ in range(cfg.n_layers)] if self.on_cuda else None,
+            # per layer: fork (main → aux, side), latent ready (aux → main), join (side → main)
+            "events": [tuple(torch.cuda.Event() for _ in range(3)) for _ in range(cfg.n_layers)] if self.on_cuda else None,
         }
         self._bufs[B] = bufs
         return bufs
@@ -168,7 +178,7 @@ class FastDecoder:
         cfg = self._cfg(M, N, x.shape[-1], kw.get("epilogue", "none"))
         scratch = None
         if int(cfg.get("SPLIT_K", 1)) > 1 and "groups" not in kw:
-            key = (site, M)
+            key = (site, M, int(cfg["SPLIT_K"]))  # a retuned table (A/B of variants) gets its own
             scratch = self._scratch.get(key)
             if scratch is None:
                 scratch = self._scratch[key] = G.GemvScratch(M, N, int(cfg["SPLIT_K"]), kw.get("epilogue") == "swiglu", self.device)
@@ -217,13 +227,14 @@ class FastDecoder:
         d = cfg.kda_dim
         conv = state.conv[p.slot]
         o = bufs["o"][:, :d]
+        kcfg = tuning.entry("kda_decode", B, device=self.device)
         kda_decode(col("q"), col("k"), col("v"), fg[:, :d], col("b"), fg[:, d:],
                    conv[:, :d], conv[:, d:2 * d], conv[:, 2 * d:], *p.conv_w,
                    p.A_log, p.dt_bias, state.kda[p.slot], p.o_norm,
                    num_heads=cfg.kda_heads, head_k=cfg.kda_head_dim, head_v=cfg.kda_head_dim,
                    eps_l2=1e-6, eps_norm=cfg.norm_eps, lower_bound=cfg.kda_lower_bound, out=o,
-                   block_v=int(tuning.entry("kda_decode", B, device=self.device).get("BLOCK_V", 0)) or None)
-        c2 = self._gemv(f"L{i}.o", o, p.o_proj, x_out, epilogue="residual", residual=x)
+                   block_v=int(kcfg.get("BLOCK_V", 0)) or None, num_warps=int(kcfg.get("num_warps", 0)) or None)
+        self._gemv(f"L{i}.o", o, p.o_proj, x_out, epilogue="residual", residual=x)
         trace.engaged("dense_gemv", G.variant_name(B, c), layer=i, op="kda_in", batch=B, N=n_in, K=cfg.hidden)
         trace.engaged("norm_residual", "fused_gemv_prologue_epilogue", layer=i, batch=B)
 
@@ -270,19 +281,35 @@ class FastDecoder:
             self._gemv(f"L{i}.sw2", sh_h, p.sw2, xs, epilogue="residual", residual=x)
             return c
 
-        # The routed chain (router -> latent down -> experts) is the step's critical path: it is
-        # issued first, on the high-priority capture stream, and the shared expert runs beside it
-        # on the low-priority side stream. Issued the other way round, the shared expert's ~800
-        # programs took every SM first and the router waited (run E timeline: 30 us vs 12 alone).
+        # The routed chain (router -> experts) is the step's critical path: it is issued first,
+        # on the high-priority main stream; the latent down projection does not need the routing
+        # and runs beside the router on the high-priority aux stream (table data
+        # "moe_schedule.latent_down": "aux"; "main": after the router); the shared expert runs on
+        # the low-priority side stream (started after the router instead, the whole step was
+        # 4-9 % slower: perf notes, run I).
+        lat = bufs["lat"]
+        down_beside = self.on_cuda and tuning.entry("moe_schedule", B, device=self.device).get("latent_down") == "aux"
         if self.on_cuda:
-            fork, join = bufs["events"][i]
-            fork.record(torch.cuda.current_stream(self.device))
+            fork, lat_ready, join = bufs["events"][i]
+            main = torch.cuda.current_stream(self.device)
+            fork.record(main)
+        if down_beside:
+            with torch.cuda.stream(self._aux):
+                self._aux.wait_event(fork)
+                self._gemv(f"L{i}.down", x, p.moe_down, lat, norm_weight=p.ffn_norm)
+                lat_ready.record(self._aux)
         rcfg = tuning.lookup("moe_router", B, device=self.device)
+        # the by-expert grouping: in the router's last program ("fused") or its own launch
+        fused_align = rcfg.get("align", "fused") == "fused"
         MOE.moe_router(x, p.router, p.router_bias, cfg.top_k, routed_scaling=cfg.routed_scaling,
                        norm_weight=p.ffn_norm, eps=cfg.norm_eps, ids=bufs["ids"], weights=bufs["rw"],
-                       config=rcfg, scratch=bufs["router_scratch"], align=bufs["align"])
-        lat = bufs["lat"]
-        self._gemv(f"L{i}.down", x, p.moe_down, lat, norm_weight=p.ffn_norm)
+                       config=rcfg, scratch=bufs["router_scratch"], align=bufs["align"] if fused_align else None)
+        if not fused_align:
+            MOE.moe_align(bufs["ids"], cfg.n_experts, bufs["align"].block_m, align=bufs["align"])
+        if down_beside:
+            main.wait_event(lat_ready)
+        else:
+            self._gemv(f"L{i}.down", x, p.moe_down, lat, norm_weight=p.ffn_norm)
         ecfg = tuning.lookup("moe_experts", B, device=self.device)
         MOE.moe_experts(lat, bufs["ids"], bufs["rw"], p.ew13, p.ew2, h_buf=bufs["eh"], out=bufs["eo"],
                         config=ecfg, align=bufs["align"])
@@ -291,13 +318,14 @@ class FastDecoder:
                 self._side.wait_event(fork)
                 c_sh = shared()
                 join.record(self._side)
-            torch.cuda.current_stream(self.device).wait_event(join)
+            main.wait_event(join)
             overlap = "side_stream"
         else:
             c_sh = shared()
             overlap = "sequential"
         self._gemv(f"L{i}.up", bufs["eo"], p.moe_up, x_out, epilogue="residual", residual=xs)
-        trace.engaged("moe_router", "triton_parallel_topk_align", layer=i, batch=B, experts=cfg.n_experts, top_k=cfg.top_k)
+        trace.engaged("moe_router", "triton_parallel_topk_align" if fused_align else "triton_parallel_topk+align_launch",
+                      layer=i, batch=B, experts=cfg.n_experts, top_k=cfg.top_k)
         trace.engaged("moe_experts", MOE.variant_name(B, ecfg), layer=i, batch=B, experts=cfg.n_experts,
                       top_k=cfg.top_k, latent=cfg.moe_latent, inter=cfg.expert_inter)
         trace.engaged("shared_expert", G.variant_name(B, c_sh) + "_" + overlap, layer=i, batch=B, inter=Is)
@@ -312,13 +340,13 @@ class FastDecoder:
         """Warm up (compile) on a clone of the state, then capture the whole step."""
         B = bufs["tokens"].shape[0]
         scratch = state.clone()
-        side = torch.cuda.Stream(device=self.device, priority=-1)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
+        main = self._main
+        main.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(main):
             self._step(bufs, scratch)
             if extra is not None:
                 extra()
-        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.current_stream(self.device).wait_stream(main)
         torch.cuda.synchronize(self.device)
         del scratch
         if self._mempool is None:
@@ -326,7 +354,7 @@ class FastDecoder:
         key = ("k3_fast_decode", B, next(_graph_ids))
         graph = torch.cuda.CUDAGraph()
         with trace.capturing(key):
-            with torch.cuda.graph(graph, pool=self._mempool):
+            with torch.cuda.graph(graph, pool=self._mempool, stream=main):
                 if lengths_base is not None:
                     state.lengths.copy_(lengths_base)
                 self._step(bufs, state)

@@ -222,7 +222,7 @@ def kda_decode(
     A_log: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor, norm_weight: torch.Tensor,
     *, num_heads: int, head_k: int, head_v: int, scale: float | None = None,
     eps_l2: float = 1e-6, eps_norm: float = 1e-6, lower_bound: float = LOWER_BOUND,
-    block_v: int | None = None, out: torch.Tensor | None = None,
+    block_v: int | None = None, num_warps: int | None = None, out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One fused KDA decode step (layouts in the module docstring). Updates ``conv_q``,
     ``conv_k``, ``conv_v`` and ``state`` in place and returns ``out`` [B, H*V]."""
@@ -257,7 +257,8 @@ def kda_decode(
         norm_weight, out, out.stride(0), o_ws, counter,
         float(scale), float(eps_l2), float(eps_norm), float(lower_bound),
         H=H, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, BVF=triton.next_power_of_2(V),
-        NV=NV, W=W, SL=SL, SLP=triton.next_power_of_2(SL), num_warps=4 if BV * triton.next_power_of_2(K) <= 8192 else 8,
+        NV=NV, W=W, SL=SL, SLP=triton.next_power_of_2(SL),
+        num_warps=num_warps or (4 if BV * triton.next_power_of_2(K) <= 8192 else 8),
     )
     return out
 

@@ -1,0 +1,97 @@
+"""Whole-step A/B of tuning-table variants on the GPU (the fast step as the bench runs it).
+
+    python3 scripts/gpu_table_ab.py --batches 64 --context 1024 \\
+        --variant 'down_main={"moe_schedule": {"latent_down": "main"}}' \\
+        --variant 'router_w4={"moe_router": {"num_warps": 4}}'
+
+A variant is NAME=JSON: {kernel: {field: value}}, applied to the bucket that serves the timed
+batch (the table's other buckets are untouched). The table as checked in is the baseline.
+Per batch, each setting's whole step (CUDA graph, fused sampler) is captured once and all are
+timed in interleaved rounds (the order reversed every other round; median of the rounds,
+``bench_decode.time_calls`` over back-to-back replays): a kernel that is faster alone can be
+slower inside the step, beside the other streams. Prints ms per step and the ratio to the
+baseline; writes $OUT/table_ab.json. The data for the table; nothing here changes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+
+import torch
+
+from optimized_model.k3.fast import hooks, tuning
+from optimized_model.k3.fast.gpu_bench import time_graph
+from optimized_model.k3.model import K3Model
+from sweep_util import stopwatch_log
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    name, sep, body = text.partition("=")
+    if not sep or not name:
+        raise SystemExit(f"--variant {text!r}: expected NAME=JSON, e.g. 'w4={{\"moe_router\": {{\"num_warps\": 4}}}}'")
+    patch = json.loads(body)
+    if not isinstance(patch, dict) or not all(isinstance(v, dict) for v in patch.values()):
+        raise SystemExit(f"--variant {name}: JSON must be {{kernel: {{field: value}}}}")
+    return name, patch
+
+
+def apply(table: dict, base: dict, patch: dict, batch: int) -> None:
+    """Reset ``table``'s kernels to ``base``, then patch the buckets serving ``batch``."""
+    table["kernels"] = copy.deepcopy(base)
+    for kernel, fields in patch.items():
+        if kernel not in table["kernels"]:
+            raise SystemExit(f"variant names kernel {kernel!r}, not in the table {table['device']!r}")
+        buckets = table["kernels"][kernel]["buckets"]
+        bucket = next((b for b in buckets if batch <= b["max_batch"]), buckets[-1])
+        bucket.update(fields)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", default="64")
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--variant", action="append", default=[], help="NAME=JSON (repeatable)")
+    args = ap.parse_args()
+    variants = [("table", {})] + [parse_variant(v) for v in args.variant]
+    log = stopwatch_log()
+    table = tuning.table_for("cuda")
+    base = copy.deepcopy(table["kernels"])
+    model = K3Model.build("mini", device="cuda", dtype=torch.bfloat16, seed=0)
+    fd = hooks.build_fast_decoder(model, lambda b, cap: model.new_state(b, cap))
+    rows = []
+    for B in [int(b) for b in args.batches.split(",")]:
+        steps = {}
+        for name, patch in variants:
+            apply(table, base, patch, B)
+            try:
+                steps[name] = fd.decode_step(B, args.context)
+                time_graph(steps[name], 3)
+            except Exception as exc:  # one broken variant must not lose the others
+                log(f"B={B} {name}: error {type(exc).__name__}: {exc}")
+        table["kernels"] = copy.deepcopy(base)
+        times: dict[str, list[float]] = {n: [] for n in steps}
+        names = list(steps)
+        for r in range(args.rounds):
+            for name in (names if r % 2 == 0 else names[::-1]):
+                times[name].append(time_graph(steps[name], args.replays) * 1e3)
+        med = {n: statistics.median(t) for n, t in times.items()}
+        for name in names:
+            ratio = med[name] / med["table"] if "table" in med else float("nan")
+            log(f"B={B:3d} ctx {args.context} {name:18s} {med[name]:.3f} ms  vs table {ratio:.3f}")
+            rows.append(dict(batch=B, context=args.context, variant=name, patch=dict(variants)[name],
+                             ms=med[name], vs_table=ratio, rounds_ms=times[name]))
+        del steps
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    with open(os.path.join(os.environ.get("OUT", "."), "table_ab.json"), "w") as fh:
+        json.dump(dict(device=torch.cuda.get_device_name(), rows=rows), fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
