@@ -199,6 +199,24 @@ def test_moe_align_groups_pairs_by_expert(bm):
     assert all(r == 0 for b, r in enumerate(brows) if bexp[b] < 0)
 
 
+def test_moe_align_idle_experts_and_reused_buffers():
+    """Experts without pairs (the last expert among them) and buffers holding a previous
+    grouping (a graph replay reuses them): every block is rewritten."""
+    g = torch.Generator().manual_seed(5)
+    M, k, E, bm = 7, 2, 16, 4
+    al = MOE.MoeAlign(M, k, E, bm, "cpu")
+    al.bexp.fill_(7)
+    al.brows.fill_(9)
+    for lo, hi in ((0, 6), (10, 16)):  # then the last expert has pairs
+        ids = torch.randint(lo, hi, (M, k), generator=g, dtype=torch.int32)
+        MOE.moe_align(ids, E, bm, align=al)
+        want = _align_reference(ids, E, bm)
+        bexp, brows, srt = al.bexp.tolist(), al.brows.tolist(), al.sorted.tolist()
+        got = [(bexp[b], srt[b * bm: b * bm + brows[b]]) for b in range(al.max_blocks) if bexp[b] >= 0]
+        assert got == want
+        assert all(bexp[b] == -1 and brows[b] == 0 for b in range(len(want), al.max_blocks))
+
+
 def test_router_fused_align_matches_standalone_align():
     e = MOE.kernel_entry("cpu")[0]
     inp = e.make_inputs({"M": 5, "D": 96, "E": 12, "k": 4}, "normal", torch.float32, "cpu", 3)
