@@ -13,11 +13,11 @@ Per layer (weights prepacked once at build time; every projection is an ``fp_gem
         mla_decode (split-KV flash decoding + combine; kernels/mla_decode.py)
         1 grouped gemv W_uv with the sigmoid-gate epilogue ; 1 gemv o_proj + residual
   MoE   main stream: fused router (norm prologue, parallel fp32 logits; its last program:
-        sigmoid, bias, top-k, normalise, scale, and the by-expert grouping of the pairs);
-        aux stream (beside the router, which needs few SMs for its serial top-k tail): latent
-        down gemv (norm prologue); main waits for it, then sorted experts up (SwiGLU) + down
-        (× routing weight), grid (expert block, N tile): each selected expert's weights streamed
-        once by many programs
+        sigmoid, bias, top-k, normalise, scale, and — or in its own launch, table data — the
+        by-expert grouping of the pairs); latent down gemv (norm prologue; or on the aux stream
+        beside the router, table data); sorted experts up (SwiGLU) + down (× routing weight),
+        grid (expert block, N tile): each selected expert's weights streamed once by many
+        programs
         side stream (overlapped, low priority): shared expert gate|up SwiGLU gemv (norm
         prologue), down gemv with residual epilogue → x + shared
         join (event), latent up gemv: slot-sum prologue + residual epilogue (x + shared)
