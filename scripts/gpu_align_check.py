@@ -18,17 +18,6 @@ from optimized_model.k3.fast.kernels import moe as M
 CASES = [(64, 8, 64, 16), (33, 8, 64, 16), (1, 8, 64, 1), (7, 2, 16, 4), (64, 8, 64, 32)]
 
 
-def reference(ids: torch.Tensor, E: int, bm: int) -> list:
-    """(expert, pair ids) per block: experts in increasing id, pairs in increasing order."""
-    flat = ids.flatten().tolist()
-    out = []
-    for e in range(E):
-        pairs = [p for p, x in enumerate(flat) if x == e]
-        for s in range(0, len(pairs), bm):
-            out.append((e, pairs[s:s + bm]))
-    return out
-
-
 def main() -> int:
     bad = 0
     g = torch.Generator().manual_seed(0)
@@ -41,11 +30,10 @@ def main() -> int:
                 ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(B)]).to(torch.int32)
             M.moe_align(ids.cuda(), E, bm, align=al)
             torch.cuda.synchronize()
-            bexp, brows, srt = al.bexp.tolist(), al.brows.tolist(), al.sorted.tolist()
-            got = [(bexp[b], srt[b * bm: b * bm + brows[b]]) for b in range(al.max_blocks) if bexp[b] >= 0]
-            want = reference(ids, E, bm)
+            want = M.align_reference(ids, E, bm)
+            bexp, brows = al.bexp.tolist(), al.brows.tolist()
             tail_ok = all(bexp[b] == -1 and brows[b] == 0 for b in range(len(want), al.max_blocks))
-            if got != want or not tail_ok:
+            if M.align_blocks(al) != want or not tail_ok:
                 bad += 1
                 print(f"MISMATCH batch {B} k {k} experts {E} BLOCK_M {bm} round {s}")
     print(f"align check: {bad} mismatches")

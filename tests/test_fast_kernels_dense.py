@@ -172,16 +172,6 @@ def test_rmsnorm_writes_into_cache_positions():
     assert cache[mask].abs().max() == 0  # nothing else written
 
 
-def _align_reference(ids, E, bm):
-    """Expected grouping: per expert (increasing id) its pairs in increasing order, in blocks of bm."""
-    flat = ids.flatten().tolist()
-    blocks = []
-    for e in range(E):
-        pairs = [p for p, x in enumerate(flat) if x == e]
-        for s in range(0, len(pairs), bm):
-            blocks.append((e, pairs[s:s + bm]))
-    return blocks
-
 
 @pytest.mark.parametrize("bm", [1, 2, 4, 16])
 def test_moe_align_groups_pairs_by_expert(bm):
@@ -192,11 +182,8 @@ def test_moe_align_groups_pairs_by_expert(bm):
     ids[:, 1] = torch.where(ids[:, 1] == 3, torch.tensor(5, dtype=torch.int32), ids[:, 1])
     ids[:, 2:] = torch.where(ids[:, 2:] == 3, torch.tensor(0, dtype=torch.int32), ids[:, 2:])
     al = MOE.moe_align(ids, E, bm)
-    want = _align_reference(ids, E, bm)
-    bexp, brows, srt = al.bexp.tolist(), al.brows.tolist(), al.sorted.tolist()
-    got = [(bexp[b], srt[b * bm: b * bm + brows[b]]) for b in range(al.max_blocks) if bexp[b] >= 0]
-    assert got == want
-    assert all(r == 0 for b, r in enumerate(brows) if bexp[b] < 0)
+    assert MOE.align_blocks(al) == MOE.align_reference(ids, E, bm)
+    assert all(r == 0 for b, r in zip(al.bexp.tolist(), al.brows.tolist()) if b < 0)
 
 
 def test_moe_align_idle_experts_and_reused_buffers():
@@ -210,10 +197,9 @@ def test_moe_align_idle_experts_and_reused_buffers():
     for lo, hi in ((0, 6), (10, 16)):  # then the last expert has pairs
         ids = torch.randint(lo, hi, (M, k), generator=g, dtype=torch.int32)
         MOE.moe_align(ids, E, bm, align=al)
-        want = _align_reference(ids, E, bm)
-        bexp, brows, srt = al.bexp.tolist(), al.brows.tolist(), al.sorted.tolist()
-        got = [(bexp[b], srt[b * bm: b * bm + brows[b]]) for b in range(al.max_blocks) if bexp[b] >= 0]
-        assert got == want
+        want = MOE.align_reference(ids, E, bm)
+        assert MOE.align_blocks(al) == want
+        bexp, brows = al.bexp.tolist(), al.brows.tolist()
         assert all(bexp[b] == -1 and brows[b] == 0 for b in range(len(want), al.max_blocks))
 
 

@@ -424,6 +424,23 @@ def variant_name(M: int, cfg: dict) -> str:
 
 
 # ---------------------------------------------------------------------------- references
+def align_reference(ids, E: int, block_m: int) -> list[tuple[int, list[int]]]:
+    """The grouping ``moe_align`` must produce, as (expert, pair ids) per used block: experts
+    in increasing id, each one's pairs in increasing order, in blocks of ``block_m``."""
+    flat = ids.flatten().tolist()
+    blocks = []
+    for e in range(E):
+        pairs = [p for p, x in enumerate(flat) if x == e]
+        blocks += [(e, pairs[s:s + block_m]) for s in range(0, len(pairs), block_m)]
+    return blocks
+
+
+def align_blocks(align: MoeAlign) -> list[tuple[int, list[int]]]:
+    """(expert, pair ids) of every used block of ``align`` (to compare with ``align_reference``)."""
+    bexp, brows, srt, bm = align.bexp.tolist(), align.brows.tolist(), align.sorted.tolist(), align.block_m
+    return [(bexp[b], srt[b * bm: b * bm + brows[b]]) for b in range(align.max_blocks) if bexp[b] >= 0]
+
+
 def router_reference(x, router_w, router_bias, top_k, *, routed_scaling=1.0, norm_weight=None,
                      eps=1e-6, dtype=None):
     """The standard path's routing (fp32 router on the normed x in ``dtype``)."""
