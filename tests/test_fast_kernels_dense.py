@@ -172,7 +172,6 @@ def test_rmsnorm_writes_into_cache_positions():
     assert cache[mask].abs().max() == 0  # nothing else written
 
 
-
 @pytest.mark.parametrize("bm", [1, 2, 4, 16])
 def test_moe_align_groups_pairs_by_expert(bm):
     g = torch.Generator().manual_seed(bm)
