@@ -10,7 +10,9 @@ Per batch, each setting's whole step (CUDA graph, fused sampler) is captured onc
 timed in interleaved rounds (the order reversed every other round; median of the rounds,
 ``bench_decode.time_calls`` over back-to-back replays): a kernel that is faster alone can be
 slower inside the step, beside the other streams. Prints ms per step and the ratio to the
-baseline; writes $OUT/table_ab.json. The data for the table; nothing here changes it.
+baseline, and whether the variant's first step gives the baseline's logits (bit-identical, or
+the largest difference); writes $OUT/table_ab.json. The data for the table; nothing here
+changes it.
 """
 
 from __future__ import annotations
@@ -66,11 +68,17 @@ def main() -> None:
     fd = hooks.build_fast_decoder(model, lambda b, cap: model.new_state(b, cap))
     rows = []
     for B in [int(b) for b in args.batches.split(",")]:
-        steps = {}
+        steps, first = {}, {}
         for name, patch in variants:
             apply(table, base, patch, B)
             try:
                 steps[name] = fd.decode_step(B, args.context)
+                # the first replay starts from the same random state for every variant: its
+                # logits show whether the variant computes the same step (launch-order variants
+                # must be bit-identical; tile variants differ by rounding)
+                steps[name]()
+                torch.cuda.synchronize()
+                first[name] = fd._buffers(B)["logits"].clone()
                 time_graph(steps[name], 3)
             except Exception as exc:  # one broken variant must not lose the others
                 log(f"B={B} {name}: error {type(exc).__name__}: {exc}")
@@ -83,9 +91,17 @@ def main() -> None:
         med = {n: statistics.median(t) for n, t in times.items()}
         for name in names:
             ratio = med[name] / med["table"] if "table" in med else float("nan")
-            log(f"B={B:3d} ctx {args.context} {name:18s} {med[name]:.3f} ms  vs table {ratio:.3f}")
+            same = diff = None
+            if "table" in first:
+                ref, got = first["table"], first[name]
+                fin = torch.isfinite(ref) & torch.isfinite(got)
+                same = bool(torch.equal(ref, got))
+                diff = float((ref[fin] - got[fin]).abs().max()) if bool(fin.any()) else float("nan")
+            log(f"B={B:3d} ctx {args.context} {name:18s} {med[name]:.3f} ms  vs table {ratio:.3f}  "
+                f"first-step logits {'bit-identical' if same else f'max diff {diff:.3g}'}")
             rows.append(dict(batch=B, context=args.context, variant=name, patch=dict(variants)[name],
-                             ms=med[name], vs_table=ratio, rounds_ms=times[name]))
+                             ms=med[name], vs_table=ratio, rounds_ms=times[name],
+                             logits_identical=same, logits_max_diff=diff))
         del steps
         torch.cuda.synchronize()
         torch.cuda.empty_cache()

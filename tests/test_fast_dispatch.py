@@ -188,3 +188,35 @@ def test_kernel_registry_entries():
         assert e.component in registry.COMPONENT_NAMES, (e.name, e.component)
         assert e.shapes and e.kernel_patterns, e.name  # dtypes may be empty: CUDA-only kernel on CPU
         assert "bfloat16" not in e.dtypes, "bf16 must not run in the CPU interpreter"
+
+
+@pytest.mark.parametrize("batch,mode", [(1, "outside_moe"), (2, "off"), (8, "off"), (64, "off")])
+def test_h200_dependent_launch_by_batch(monkeypatch, batch, mode):
+    """Programmatic dependent launch is table data per batch bucket (measured: batch 1 only)."""
+    monkeypatch.setattr(tuning, "device_name", lambda device=None: "NVIDIA H200")
+    assert tuning.entry("launch", batch, device="cuda")["pdl"] == mode
+
+
+def test_default_and_cpu_tables_never_ask_for_dependent_launch():
+    for table in tuning.tables().values():
+        if "launch" in table["kernels"]:
+            for bucket in table["kernels"]["launch"]["buckets"]:
+                assert bucket["pdl"] in ("all", "outside_moe", "off"), (table["device"], bucket)
+    assert tuning.tables()["default"]["kernels"]["launch"]["buckets"][0]["pdl"] == "off"
+    assert "launch" not in tuning.tables()[tuning.CPU_DEVICE]["kernels"]
+
+
+def test_pdl_scope_sets_the_constexpr_and_the_launch_option_and_restores_them():
+    from optimized_model.k3.fast.kernels import pdl
+
+    assert not pdl.enabled() and pdl.launch_kwargs() == {}
+    with pdl.scope(True):
+        assert pdl.enabled() and pdl.launch_kwargs() == {"launch_pdl": True}
+        with pdl.scope(False):  # the MoE layers inside an "outside_moe" step
+            assert not pdl.enabled() and pdl.launch_kwargs() == {}
+        assert pdl.enabled()
+    assert not pdl.enabled()
+    with pytest.raises(RuntimeError):
+        with pdl.scope(True):
+            raise RuntimeError("a failing launch")
+    assert not pdl.enabled()  # restored after an error too

@@ -184,7 +184,9 @@ class K3Runner:
         tokens = torch.randint(0, self.model.cfg.n_real_tokens, (batch,), generator=gen).to(self.device)
         if self.use_graphs:
             g = self._capture(state, lengths_base=base, tokens=tokens)
-            g.state = state  # keep the graph's tensors alive as long as the callable
+            # keep the graph's tensors alive as long as the callable: the replay reads ``base``
+            # (a freed one is reused by the next allocation and the lengths become its bytes)
+            g.state, g.base = state, base
 
             def run() -> None:
                 g.graph.replay()

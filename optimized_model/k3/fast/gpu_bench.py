@@ -473,7 +473,7 @@ def aot_check(config: str, batches: list[int], context: int = 1024) -> int:
     for (name, *_), (fn, sig, consts, opts, div) in sorted(calls.items(), key=lambda kv: kv[0][0]):
         label = f"{name} " + ",".join(f"{k}={v}" for k, v in consts.items() if k.isupper()) + f" {opts}"
         try:
-            options = {k: v for k, v in opts.items() if k in ("num_warps", "num_stages")}
+            options = {k: v for k, v in opts.items() if k in ("num_warps", "num_stages", "launch_pdl")}
             # the divisibility hints matter: without them Triton cannot use cp.async, does not
             # pipeline the loads and reports far less shared memory than the GPU run will need
             attrs = {(i,): [["tt.divisibility", 16]] for i in div}

@@ -43,6 +43,7 @@ from . import tuning
 from .kernels import gemv as G
 from .kernels import moe as MOE
 from .kernels import norm as NORM
+from .kernels import pdl as PDL
 
 _graph_ids = itertools.count()
 
@@ -186,9 +187,25 @@ class FastDecoder:
         return cfg
 
     # -- one step ---------------------------------------------------------------------------------
+    def _use_pdl(self, B: int) -> str:
+        """Where the step uses programmatic dependent launch (kernels/pdl.py): table data
+        "launch.pdl" — "all", "outside_moe" (not in the MoE layers, where the routed chain
+        overlaps the shared expert's stream) or "off"; always "off" on the CPU (the
+        interpreter's table has no "launch" entry)."""
+        if self.device.type == "cpu" or "launch" not in tuning.table_for(self.device)["kernels"]:
+            return "off"
+        mode = str(tuning.entry("launch", B, device=self.device).get("pdl", "off"))
+        if mode not in ("all", "outside_moe", "off"):
+            raise ValueError(f"tuning table: launch.pdl {mode!r}; expected 'all', 'outside_moe' or 'off'")
+        return mode
+
     def _step(self, bufs: dict, state: Any) -> torch.Tensor:
         """The whole decode step on static buffers (capturable: no host sync, no allocation
         that changes between calls)."""
+        with PDL.scope(self._use_pdl(bufs["tokens"].shape[0]) != "off"):
+            return self._layers_and_head(bufs, state)
+
+    def _layers_and_head(self, bufs: dict, state: Any) -> torch.Tensor:
         cfg = self.cfg
         B = bufs["tokens"].shape[0]
         xa, xb, xs = bufs["xa"], bufs["xb"], bufs["xs"]
@@ -206,7 +223,8 @@ class FastDecoder:
                 trace.engaged("dense_gemv", G.variant_name(B, c), layer=i, op="dense_ffn", batch=B)
                 trace.engaged("norm_residual", "fused_gemv_prologue_epilogue", layer=i, batch=B)
             else:
-                self._moe(i, p, bufs, xb, xs, xa)
+                with PDL.scope(PDL.enabled() and self._use_pdl(B) == "all"):
+                    self._moe(i, p, bufs, xb, xs, xa)
         c = self._gemv("lm_head", xa, self.w_head, bufs["logits"][:, : cfg.n_real_tokens],
                        norm_weight=self.w_final_norm)
         trace.engaged("lm_head", G.variant_name(B, c), batch=B, vocab=cfg.n_real_tokens, hidden=cfg.hidden)
@@ -360,7 +378,8 @@ class FastDecoder:
                 self._step(bufs, state)
                 if extra is not None:
                     extra()
-            trace.engaged("decode_graph", "cuda_graph_whole_step", batch=B)
+            trace.engaged("decode_graph", "cuda_graph_whole_step", batch=B,
+                          dependent_launch=self._use_pdl(B))
         return key, graph
 
     @torch.inference_mode()
@@ -436,7 +455,10 @@ class FastDecoder:
                 graph.replay()
                 trace.replayed(key)
 
-            run._keep = (state, graph, bufs)  # type: ignore[attr-defined]
+            # the graph reads and writes these tensors at every replay: they must live as long as
+            # it does (a freed ``base`` or sampler buffer is reused by the next allocation, and
+            # the replay then reads its lengths from someone else's memory)
+            run._keep = (state, graph, bufs, base, s_temp, s_topk, s_topp, s_noise, s_tok, s_lp)  # type: ignore[attr-defined]
             return run
 
         def run_eager() -> None:

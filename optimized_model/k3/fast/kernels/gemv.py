@@ -31,7 +31,9 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
 from .entry import KernelSpec, default_dtypes
+from .pdl import pdl_enter
 
 EPILOGUES = {"none": 0, "residual": 1, "swiglu": 2, "sigmoid_gate": 3}
 
@@ -45,7 +47,7 @@ def fp_gemv_kernel(
     K: tl.constexpr, K_SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, XSLOTS: tl.constexpr, NORM: tl.constexpr,
-    EPI: tl.constexpr, USE_DOT: tl.constexpr, PREFETCH: tl.constexpr,
+    EPI: tl.constexpr, USE_DOT: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
 ):
     pid0 = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -79,6 +81,8 @@ def fp_gemv_kernel(
         w_nx = tl.load(W + rn[:, None] * stride_wn + kk0[None, :], mask=wmask0, other=0.0)
         if EPI == 2:
             w2_nx = tl.load(W + (rn[:, None] + N) * stride_wn + kk0[None, :], mask=wmask0, other=0.0)
+    # weights are never written: the first W tile is in flight while the previous kernel ends
+    pdl_enter(PDL)
     for k0 in range(0, K_SPLIT, BLOCK_K):
         kk = k_lo + k0 + rk
         k_ok = kk < K
@@ -275,8 +279,9 @@ def gemv(
         K=K, K_SPLIT=k_split,
         BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, SPLIT_K=split, XSLOTS=slots,
         NORM=norm_weight is not None, EPI=epi, USE_DOT=use_dot,
-        PREFETCH=bool(int(cfg.get("prefetch", 0))) and not use_dot,
+        PREFETCH=bool(int(cfg.get("prefetch", 0))) and not use_dot, PDL=pdl.enabled(),
         num_warps=int(cfg.get("num_warps", 4)), num_stages=_stages(cfg, BM, BN, BK, slots, epi, x, w, use_dot),
+        **pdl.launch_kwargs(),
     )
     return out
 

@@ -55,7 +55,9 @@ import triton.language as tl
 
 from fastpath import trace
 
+from . import pdl
 from .entry import KernelSpec, default_dtypes
+from .pdl import pdl_enter
 
 COMPONENT = "kda_decode"
 LOWER_BOUND = -5.0
@@ -103,7 +105,7 @@ def kda_decode_fused_kernel(
     scale, eps_l2, eps_norm, lower_bound,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, NV: tl.constexpr,
-    W: tl.constexpr, SL: tl.constexpr, SLP: tl.constexpr,
+    W: tl.constexpr, SL: tl.constexpr, SLP: tl.constexpr, PDL: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -119,6 +121,13 @@ def kda_decode_fused_kernel(
     pck = ck + b * sck_b
     pcv = cv + b * scv_b
 
+    # the fp32 state tile [BK, BV] first: only this kernel writes it (one step earlier), so
+    # under PDL it streams in while the projection before this kernel finishes
+    p_s = S + b * sS_b + h * sS_h + ok[:, None] * sS_k + ov[None, :] * sS_v
+    m_s = mk[:, None] & mv[None, :]
+    s = tl.load(p_s, mask=m_s, other=0.0)
+    pdl_enter(PDL)
+
     # 1-2. conv + SiLU (+ the shifted conv states, kept in registers), L2 norm of q and k
     q, new_q = _conv_silu(xq + b * sxq, pcq, scq_c, scq_j, wq, swq_c, swq_j, chan_k, mk, W, SL, SLP)
     k, new_k = _conv_silu(xk + b * sxk, pck, sck_c, sck_j, wk, swk_c, swk_j, chan_k, mk, W, SL, SLP)
@@ -133,10 +142,7 @@ def kda_decode_fused_kernel(
     g = lower_bound * tl.sigmoid(a * f)
     beta = tl.sigmoid(tl.load(xb + b * sxb + h).to(tl.float32))
 
-    # 4. delta rule on the fp32 state tile [BK, BV]
-    p_s = S + b * sS_b + h * sS_h + ok[:, None] * sS_k + ov[None, :] * sS_v
-    m_s = mk[:, None] & mv[None, :]
-    s = tl.load(p_s, mask=m_s, other=0.0)
+    # 4. delta rule on the state tile
     s = s * tl.exp(g)[:, None]
     u = (v - tl.sum(s * k[:, None], 0)) * beta
     s = s + k[:, None] * u[None, :]
@@ -257,8 +263,9 @@ def kda_decode(
         norm_weight, out, out.stride(0), o_ws, counter,
         float(scale), float(eps_l2), float(eps_norm), float(lower_bound),
         H=H, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, BVF=triton.next_power_of_2(V),
-        NV=NV, W=W, SL=SL, SLP=triton.next_power_of_2(SL),
+        NV=NV, W=W, SL=SL, SLP=triton.next_power_of_2(SL), PDL=pdl.enabled(),
         num_warps=num_warps or (4 if BV * triton.next_power_of_2(K) <= 8192 else 8),
+        **pdl.launch_kwargs(),
     )
     return out
 

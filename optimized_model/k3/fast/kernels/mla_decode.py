@@ -45,7 +45,9 @@ import triton.language as tl
 
 from fastpath import trace
 
+from . import pdl
 from .entry import KernelSpec, default_dtypes
+from .pdl import pdl_enter
 
 COMPONENT = "mla_decode"
 LAYOUTS = {"head_major": "triton_splitkv", "kv_major": "triton_splitkv_kvmajor"}  # -> trace variant
@@ -66,11 +68,12 @@ def mla_decode_split_kernel(
     sq_b, sq_h, sc_b, sc_t, so_b, so_h,
     scale, split_len, length_offset, NS,
     H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BH: tl.constexpr, BT: tl.constexpr,
-    DIRECT: tl.constexpr, IEEE: tl.constexpr, n_tiles: tl.constexpr,
+    DIRECT: tl.constexpr, IEEE: tl.constexpr, n_tiles: tl.constexpr, PDL: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     hb = tl.program_id(2)
+    pdl_enter(PDL)  # the cache row of this step was written by the kernel before
     start, end = _split_bounds(lengths, b, s, split_len, length_offset)
 
     oh = hb * BH + tl.arange(0, BH)
@@ -126,7 +129,7 @@ def mla_decode_split_kvmajor_kernel(
     sq_b, sq_h, sc_b, sc_t, so_b, so_h,
     scale, split_len, length_offset, NS,
     H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BH: tl.constexpr, BT: tl.constexpr,
-    DIRECT: tl.constexpr, IEEE: tl.constexpr, n_tiles: tl.constexpr,
+    DIRECT: tl.constexpr, IEEE: tl.constexpr, n_tiles: tl.constexpr, PDL: tl.constexpr,
 ):
     """The split kernel with positions as the MMA's M dimension: scores^T = c q^T [BT, BH],
     out^T += c^T p^T [BD, BH]. With 32 heads the head-major dots have M = 32 (too small for
@@ -134,6 +137,7 @@ def mla_decode_split_kvmajor_kernel(
     b = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     hb = tl.program_id(2)
+    pdl_enter(PDL)  # the cache row of this step was written by the kernel before
     start, end = _split_bounds(lengths, b, s, split_len, length_offset)
 
     oh = hb * BH + tl.arange(0, BH)
@@ -183,10 +187,11 @@ def mla_decode_split_kvmajor_kernel(
 @triton.jit
 def mla_decode_combine_kernel(
     o_part, lse_part, out, so_b, so_h, NS,
-    H: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BDC: tl.constexpr,
+    H: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BDC: tl.constexpr, PDL: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
+    pdl_enter(PDL)
     os_ = tl.arange(0, BS)
     ms = os_ < NS
     lse = tl.load(lse_part + (b * NS + os_) * H + h, mask=ms, other=float("-inf"))
@@ -275,13 +280,14 @@ def mla_decode(
         q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), out.stride(0), out.stride(1),
         float(scale), int(split_len), int(length_offset), NS,
         H=H, D=D, BD=BD, BH=BH, BT=BT, DIRECT=NS == 1, IEEE=ieee, n_tiles=split_len // BT,
-        num_warps=num_warps or (8 if BD >= 256 else 4), num_stages=num_stages,
+        PDL=pdl.enabled(), num_warps=num_warps or (8 if BD >= 256 else 4), num_stages=num_stages,
+        **pdl.launch_kwargs(),
     )
     if NS > 1:
         mla_decode_combine_kernel[(B, H)](
             o_part, lse_part, out, out.stride(0), out.stride(1), NS,
-            H=H, D=D, BS=max(2, triton.next_power_of_2(NS)), BDC=min(BD, 128),
-            num_warps=4 if NS <= 32 else 8,
+            H=H, D=D, BS=max(2, triton.next_power_of_2(NS)), BDC=min(BD, 128), PDL=pdl.enabled(),
+            num_warps=4 if NS <= 32 else 8, **pdl.launch_kwargs(),
         )
     return out
 

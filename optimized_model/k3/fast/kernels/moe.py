@@ -32,7 +32,9 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
 from .entry import KernelSpec, default_dtypes
+from .pdl import pdl_enter
 
 
 @triton.jit
@@ -69,12 +71,13 @@ def _moe_align(IDS, SORTED, BEXP, BROWS, P, E: tl.constexpr, BLOCK_P: tl.constex
 @triton.jit
 def fp_moe_experts_align_kernel(IDS, SORTED, BEXP, BROWS, P, E: tl.constexpr, BLOCK_P: tl.constexpr,
                                 BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr,
-                                MAX_BLOCKS: tl.constexpr, BLOCK_B: tl.constexpr):
+                                MAX_BLOCKS: tl.constexpr, BLOCK_B: tl.constexpr, PDL: tl.constexpr):
     """The grouping of ``_moe_align`` (same output), one program per expert: each counts the
     pairs of every expert (a compare-and-sum, no scan over [E, P]), takes its first block from
     the exclusive prefix of the block counts and places its own pairs (a scan over P) and
     blocks. The last program marks the unused blocks. No program waits for another."""
     e = tl.program_id(0)
+    pdl_enter(PDL)
     rp = tl.arange(0, BLOCK_P)
     p_ok = rp < P
     ids = tl.load(IDS + rp, mask=p_ok, other=-1)
@@ -106,7 +109,8 @@ def fp_moe_router_kernel(X, NW, RW, RB, LG, CNT, IDS, WOUT, SORTED, BEXP, BROWS,
                          BLOCK_ME: tl.constexpr, BLOCK_RE: tl.constexpr, BLOCK_K: tl.constexpr,
                          BLOCK_E: tl.constexpr, NORM: tl.constexpr,
                          NORM_BK: tl.constexpr, ALIGN: tl.constexpr, BLOCK_P: tl.constexpr, ALIGN_M: tl.constexpr,
-                         MAX_BLOCKS: tl.constexpr, BLOCK_B: tl.constexpr):
+                         MAX_BLOCKS: tl.constexpr, BLOCK_B: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     # phase 1 (every program): fp32 logits of BLOCK_ME tokens x BLOCK_RE experts
     pid_e = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -184,9 +188,10 @@ def fp_moe_router_kernel(X, NW, RW, RB, LG, CNT, IDS, WOUT, SORTED, BEXP, BROWS,
 def fp_moe_experts_up_kernel(LAT, SORTED, BEXP, BROWS, W13, H, stride_lm, stride_we, stride_wn, stride_hp,
                              L: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                             USE_DOT: tl.constexpr):
+                             USE_DOT: tl.constexpr, PDL: tl.constexpr):
     blk = tl.program_id(0)
     pid_n = tl.program_id(1)
+    pdl_enter(PDL)
     e = tl.load(BEXP + blk)
     if e < 0:
         return
@@ -236,9 +241,10 @@ def fp_moe_experts_up_kernel(LAT, SORTED, BEXP, BROWS, W13, H, stride_lm, stride
 def fp_moe_experts_down_kernel(Hb, SORTED, BEXP, BROWS, RWT, W2, O, stride_hp, stride_we, stride_wn, stride_op,
                                L: tl.constexpr, I: tl.constexpr,
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                               USE_DOT: tl.constexpr):
+                               USE_DOT: tl.constexpr, PDL: tl.constexpr):
     blk = tl.program_id(0)
     pid_n = tl.program_id(1)
+    pdl_enter(PDL)
     e = tl.load(BEXP + blk)
     if e >= 0:
         rows = tl.load(BROWS + blk)
@@ -356,8 +362,8 @@ def moe_router(x, router_w, router_bias, top_k: int, *, routed_scaling: float = 
         BLOCK_E=ac["BLOCK_E"], NORM=norm_weight is not None,
         NORM_BK=min(_p2(D), max(int(cfg.get("BLOCK_K", 64)), 16384 // BME)),
         ALIGN=align is not None, BLOCK_P=ac["BLOCK_P"], ALIGN_M=align.block_m if align is not None else 1,
-        MAX_BLOCKS=ac["MAX_BLOCKS"], BLOCK_B=ac["BLOCK_B"],
-        num_warps=int(cfg.get("num_warps", 4)),
+        MAX_BLOCKS=ac["MAX_BLOCKS"], BLOCK_B=ac["BLOCK_B"], PDL=pdl.enabled(),
+        num_warps=int(cfg.get("num_warps", 4)), **pdl.launch_kwargs(),
     )
     return ids, weights
 
@@ -369,7 +375,8 @@ def moe_align(ids, E: int, block_m: int, align: MoeAlign | None = None) -> MoeAl
         align = MoeAlign(M, k, E, block_m, ids.device)
     c = align.consts()
     fp_moe_experts_align_kernel[(E,)](ids, align.sorted, align.bexp, align.brows, M * k, E=E,
-                                      BLOCK_M=align.block_m, num_warps=4, **c)
+                                      BLOCK_M=align.block_m, PDL=pdl.enabled(), num_warps=4, **c,
+                                      **pdl.launch_kwargs())
     return align
 
 
@@ -406,15 +413,15 @@ def moe_experts(lat, ids, weights, w13, w2, *, h_buf=None, out=None, config=None
     fp_moe_experts_up_kernel[(align.max_blocks, triton.cdiv(I, BN))](
         lat, align.sorted, align.bexp, align.brows, w13, h_buf,
         lat.stride(0), w13.stride(0), w13.stride(1), h_buf.stride(0),
-        L=L, I=I, TOPK=k, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, USE_DOT=use_dot,
-        num_warps=nw, num_stages=ns,
+        L=L, I=I, TOPK=k, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, USE_DOT=use_dot, PDL=pdl.enabled(),
+        num_warps=nw, num_stages=ns, **pdl.launch_kwargs(),
     )
     o2 = out.view(P, L)
     fp_moe_experts_down_kernel[(align.max_blocks, triton.cdiv(L, BN_D))](
         h_buf, align.sorted, align.bexp, align.brows, weights, w2, o2,
         h_buf.stride(0), w2.stride(0), w2.stride(1), o2.stride(0),
-        L=L, I=I, BLOCK_M=BM, BLOCK_N=BN_D, BLOCK_K=BK_D, USE_DOT=use_dot,
-        num_warps=int(cfg.get("num_warps_down", nw)), num_stages=ns,
+        L=L, I=I, BLOCK_M=BM, BLOCK_N=BN_D, BLOCK_K=BK_D, USE_DOT=use_dot, PDL=pdl.enabled(),
+        num_warps=int(cfg.get("num_warps_down", nw)), num_stages=ns, **pdl.launch_kwargs(),
     )
     return out
 

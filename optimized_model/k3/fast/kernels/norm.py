@@ -12,14 +12,17 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
 from .entry import KernelSpec, default_dtypes
+from .pdl import pdl_enter
 
 
 @triton.jit
 def fp_add_rmsnorm_kernel(X, R, W, Y, H, POS, eps, stride_x, stride_r, stride_y, stride_h, stride_pos,
                           N: tl.constexpr, BLOCK: tl.constexpr, HAS_R: tl.constexpr,
-                          WRITE_H: tl.constexpr, HAS_POS: tl.constexpr):
+                          WRITE_H: tl.constexpr, HAS_POS: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0)
+    pdl_enter(PDL)
     if HAS_POS:  # write row b at position pos[b] of a cache [B, T, N] (MLA latent cache)
         Y += tl.load(POS + row).to(tl.int64) * stride_pos
     cols = tl.arange(0, BLOCK)
@@ -53,8 +56,8 @@ def add_rmsnorm(x, weight, residual=None, *, eps=1e-6, out=None, residual_out=No
         residual_out.stride(0) if residual_out is not None else 0,
         out.stride(1) if positions is not None else 0,
         N=N, BLOCK=BLOCK, HAS_R=residual is not None, WRITE_H=residual_out is not None,
-        HAS_POS=positions is not None,
-        num_warps=4 if BLOCK <= 4096 else 8,
+        HAS_POS=positions is not None, PDL=pdl.enabled(),
+        num_warps=4 if BLOCK <= 4096 else 8, **pdl.launch_kwargs(),
     )
     return out
 

@@ -1,0 +1,63 @@
+"""Programmatic dependent launch (PDL, sm_90+) for the kernels of one decode step.
+
+A kernel launched with PDL may start while the kernel before it on the stream is still
+finishing: its programs become resident as the previous kernel's last programs retire, so a
+step of ~90 short kernels loses less to each kernel's ramp-up and tail. The contract, kept by
+every fast kernel that takes ``PDL``:
+
+* ``pdl_enter(PDL)`` — ``griddepcontrol.wait`` (blocks until every kernel this one depends on
+  has completed and its writes are visible), then ``griddepcontrol.launch_dependents`` (the
+  next kernel may launch once every program of this one got here). Released only after the
+  wait, so when a kernel starts, everything upstream of its predecessor has completed.
+* Before ``pdl_enter`` a kernel may only load what neither its predecessor nor a concurrent
+  stream can be writing: weights, and state written only by this same kernel (KDA's recurrent
+  state, one step earlier). It stores nothing before it.
+
+Launches made inside ``scope(True)`` carry the PDL launch attribute (``launch_kwargs()``) and
+compile the kernels with ``PDL=True`` (``enabled()``); outside it (the kernels suite, the CPU
+interpreter) nothing changes. Where the step uses it is tuning-table data (``launch.pdl``:
+"all", "outside_moe" or "off" per batch bucket; runtime.FastDecoder._use_pdl): on the H200 it
+pays only at batch 1 outside the MoE layers, where the routed chain overlaps the shared expert's
+stream (perf notes, run K). Torch ops, the CuTe GEMV and the sampler launch as usual (a kernel
+launched after them waits for their completion).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+_enabled = False
+
+
+@contextlib.contextmanager
+def scope(on: bool) -> Iterator[None]:
+    """Launches inside this block are programmatic dependent launches when ``on``."""
+    global _enabled
+    saved, _enabled = _enabled, bool(on)
+    try:
+        yield
+    finally:
+        _enabled = saved
+
+
+def enabled() -> bool:
+    """The value of the kernels' ``PDL`` constexpr for a launch made now."""
+    return _enabled
+
+
+def launch_kwargs() -> dict:
+    """Extra launch options for a kernel launch made now."""
+    return {"launch_pdl": True} if _enabled else {}
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """Wait for the kernels this one depends on, then let the next kernel launch."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
