@@ -220,3 +220,18 @@ def test_pdl_scope_sets_the_constexpr_and_the_launch_option_and_restores_them():
         with pdl.scope(True):
             raise RuntimeError("a failing launch")
     assert not pdl.enabled()  # restored after an error too
+
+
+def test_step_dependent_launch_mode_comes_from_the_table_and_a_bad_value_is_named(monkeypatch):
+    from optimized_model.k3.fast.runtime import FastDecoder
+
+    monkeypatch.setattr(tuning, "device_name", lambda device=None: "NVIDIA H200")
+    gpu = type("Decoder", (), {"device": torch.device("meta")})()  # _use_pdl reads only .device
+    assert FastDecoder._use_pdl(gpu, 1) == "outside_moe"
+    assert FastDecoder._use_pdl(gpu, 64) == "off"
+    bucket = tuning.tables()["NVIDIA H200"]["kernels"]["launch"]["buckets"][0]
+    monkeypatch.setitem(bucket, "pdl", "sometimes")
+    with pytest.raises(ValueError, match="launch.pdl 'sometimes'"):
+        FastDecoder._use_pdl(gpu, 1)
+    cpu = type("Decoder", (), {"device": torch.device("cpu")})()
+    assert FastDecoder._use_pdl(cpu, 1) == "off"  # never on the CPU, whatever the table says
