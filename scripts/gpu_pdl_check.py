@@ -4,9 +4,10 @@
 
 For each batch and each setting of the tuning table's ``launch.pdl`` (in ``--order``), the fast
 decoder runs ``--steps`` decode steps from the same random state, as a CUDA graph and eagerly.
-Every step's logits and the final state must be bit-identical across the four runs (PDL only
-lets a kernel's programs start early; each waits for its inputs). Prints one line per batch
-and the number of mismatches (0 expected); a fault (illegal address, ...) names the run.
+Every step's logits and the final state must be bit-identical across all these runs (PDL only
+lets a kernel's programs start early; each waits for its inputs). Prints one line per run and
+the number of runs that differ (0 expected); a fault (illegal address, ...) follows the name of
+the run that raised it.
 """
 
 from __future__ import annotations

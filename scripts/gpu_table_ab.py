@@ -92,13 +92,15 @@ def main() -> None:
         for name in names:
             ratio = med[name] / med["table"] if "table" in med else float("nan")
             same = diff = None
-            if "table" in first:
+            verdict = "not compared (a first step failed)"
+            if "table" in first and name in first:
                 ref, got = first["table"], first[name]
                 fin = torch.isfinite(ref) & torch.isfinite(got)
                 same = bool(torch.equal(ref, got))
                 diff = float((ref[fin] - got[fin]).abs().max()) if bool(fin.any()) else float("nan")
+                verdict = "bit-identical" if same else f"max diff {diff:.3g}"
             log(f"B={B:3d} ctx {args.context} {name:18s} {med[name]:.3f} ms  vs table {ratio:.3f}  "
-                f"first-step logits {'bit-identical' if same else f'max diff {diff:.3g}'}")
+                f"first-step logits {verdict}")
             rows.append(dict(batch=B, context=args.context, variant=name, patch=dict(variants)[name],
                              ms=med[name], vs_table=ratio, rounds_ms=times[name],
                              logits_identical=same, logits_max_diff=diff))
