@@ -407,14 +407,10 @@ def _meta_model(config: str):
     return K3Model(cfg, w)
 
 
-def aot_check(config: str, batches: list[int], context: int = 1024) -> int:
-    """Run in a fresh process without TRITON_INTERPRET (kernels must be real JIT functions)."""
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        print("aot: unset TRITON_INTERPRET (the kernels must be compiled, not interpreted)")
-        return 2
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+def record_launches(config: str, batches: list[int], context: int = 1024) -> list[tuple]:
+    """Every distinct Triton launch of the fast step of ``config`` at ``batches``, recorded on
+    the CPU (meta tensors; tuning table of the H200; nothing runs): a list of (JIT function,
+    signature, constexprs, launch options, 16-divisible argument indices), sorted by name."""
     from triton.runtime.jit import JITFunction
 
     from optimized_model.k3.fast import tuning
@@ -467,19 +463,35 @@ def aot_check(config: str, batches: list[int], context: int = 1024) -> int:
     finally:
         JITFunction.run = real_run
         tuning.device_name = orig_dev
-    target = GPUTarget("cuda", 90, 32)
+    return [calls[k] for k in sorted(calls, key=lambda k: k[0])]
+
+
+def compile_launch(fn, sig: dict, consts: dict, opts: dict, div: list, capability: int = 90):
+    """Compile one recorded launch for the GPU ``capability`` (no GPU needed)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    options = {k: v for k, v in opts.items() if k in ("num_warps", "num_stages", "launch_pdl")}
+    # the divisibility hints matter: without them Triton cannot use cp.async, does not
+    # pipeline the loads and reports far less shared memory than the GPU run will need
+    attrs = {(i,): [["tt.divisibility", 16]] for i in div}
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                          target=GPUTarget("cuda", capability, 32), options=options)
+
+
+def aot_check(config: str, batches: list[int], context: int = 1024) -> int:
+    """Run in a fresh process without TRITON_INTERPRET (kernels must be real JIT functions)."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print("aot: unset TRITON_INTERPRET (the kernels must be compiled, not interpreted)")
+        return 2
+    calls = record_launches(config, batches, context)
     bad = 0
     log(f"{len(calls)} distinct Triton launches for {config} at batches {batches}; compiling for sm_90")
-    for (name, *_), (fn, sig, consts, opts, div) in sorted(calls.items(), key=lambda kv: kv[0][0]):
-        label = f"{name} " + ",".join(f"{k}={v}" for k, v in consts.items() if k.isupper()) + f" {opts}"
+    for fn, sig, consts, opts, div in calls:
+        label = f"{fn.__name__} " + ",".join(f"{k}={v}" for k, v in consts.items() if k.isupper()) + f" {opts}"
         try:
-            options = {k: v for k, v in opts.items() if k in ("num_warps", "num_stages", "launch_pdl")}
-            # the divisibility hints matter: without them Triton cannot use cp.async, does not
-            # pipeline the loads and reports far less shared memory than the GPU run will need
-            attrs = {(i,): [["tt.divisibility", 16]] for i in div}
-            k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
-                               target=target, options=options)
-            smem = k.metadata.shared
+            smem = compile_launch(fn, sig, consts, opts, div).metadata.shared
             flag = "OK  " if smem <= 227 * 1024 else "SMEM"
             bad += flag != "OK  "
             print(f"{flag} {smem:>7d} B smem  {label}")

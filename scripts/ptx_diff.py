@@ -1,0 +1,89 @@
+"""Do the fast step's kernels compile to the same code as at another commit? (CPU only.)
+
+    python scripts/ptx_diff.py --rev 74ed216 [--batches 1,2,4,8,16,32,64] [--config mini]
+
+Records every distinct Triton launch of the fast step on the CPU (``gpu_bench.record_launches``:
+meta tensors, the H200 tuning table), compiles each for sm_90 with the kernel of this tree and
+with the same-named kernel of ``--rev`` (its kernel modules read with ``git show``), and compares
+the PTX code (comments, line info and debug sections aside: they name the file). A launch whose
+kernel or constexpr is new in this tree (e.g. ``PDL=True`` before PDL existed) is listed as new.
+
+Identical PTX means a GPU figure measured at ``--rev`` still describes that launch: a refactor,
+or a code path kept for one configuration only, needs no new device time for it. Exit 1 when any
+launch differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+
+KERNEL_MODULES = ("gemv", "kda_decode", "mla_decode", "moe", "norm")
+
+
+def ptx_code(ptx: str) -> list[str]:
+    """The code of a PTX module: no comments, line info or debug sections."""
+    code = ptx.split(".section\t.debug")[0].split(".section .debug")[0]
+    return [ln for ln in code.splitlines() if not ln.startswith("//") and ".loc" not in ln and ".file" not in ln]
+
+
+def kernels_at(rev: str, tmp: str) -> dict:
+    """{kernel name: JIT function} of the fast kernel modules at ``rev``."""
+    out = {}
+    for m in KERNEL_MODULES:
+        path = f"optimized_model/k3/fast/kernels/{m}.py"
+        try:
+            text = subprocess.run(["git", "show", f"{rev}:{path}"], check=True, capture_output=True, text=True).stdout
+        except subprocess.CalledProcessError as exc:
+            raise SystemExit(f"ptx_diff: cannot read {path} at {rev!r}: {exc.stderr.strip()}") from exc
+        file = os.path.join(tmp, f"{m}_at_rev.py")
+        with open(file, "w") as fh:
+            fh.write(text)
+        # a module inside the kernels package, so that its relative imports resolve
+        spec = importlib.util.spec_from_file_location(f"optimized_model.k3.fast.kernels._at_rev_{m}", file)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        out.update({n: getattr(mod, n) for n in dir(mod) if n.endswith("_kernel")})
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rev", required=True, help="git revision to compare with")
+    ap.add_argument("--batches", default="1,2,4,8,16,32,64")
+    ap.add_argument("--config", default="mini")
+    args = ap.parse_args()
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise SystemExit("ptx_diff: unset TRITON_INTERPRET (the kernels must be compiled, not interpreted)")
+    from optimized_model.k3.fast.gpu_bench import compile_launch, record_launches
+
+    calls = record_launches(args.config, [int(b) for b in args.batches.split(",")])
+    counts = {"identical": 0, "differs": 0, "new": 0}
+    with tempfile.TemporaryDirectory() as tmp:
+        old = kernels_at(args.rev, tmp)
+        for fn, sig, consts, opts, div in calls:
+            label = f"{fn.__name__} " + ",".join(f"{k}={v}" for k, v in consts.items() if k.isupper())
+            before = old.get(fn.__name__)
+            extra = [k for k in consts if before is None or k not in before.arg_names]
+            if before is None or any(consts[k] for k in extra):
+                counts["new"] += 1
+                print(f"new       {label}")
+                continue
+            keep = lambda d: {k: v for k, v in d.items() if k in before.arg_names}  # noqa: E731
+            old_div = [before.arg_names.index(fn.arg_names[i]) for i in div if fn.arg_names[i] in before.arg_names]
+            now = ptx_code(compile_launch(fn, sig, consts, opts, div).asm["ptx"])
+            then = ptx_code(compile_launch(before, keep(sig), keep(consts), opts, old_div).asm["ptx"])
+            verdict = "identical" if now == then else "differs"
+            counts[verdict] += 1
+            print(f"{verdict:9s} {label} {opts}")
+    print(f"ptx_diff against {args.rev}: {counts['identical']} identical, {counts['differs']} differ, "
+          f"{counts['new']} new in this tree ({len(calls)} launches)")
+    return 1 if counts["differs"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
