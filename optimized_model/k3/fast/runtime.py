@@ -202,10 +202,11 @@ class FastDecoder:
     def _step(self, bufs: dict, state: Any) -> torch.Tensor:
         """The whole decode step on static buffers (capturable: no host sync, no allocation
         that changes between calls)."""
-        with PDL.scope(self._use_pdl(bufs["tokens"].shape[0]) != "off"):
-            return self._layers_and_head(bufs, state)
+        mode = self._use_pdl(bufs["tokens"].shape[0])
+        with PDL.scope(mode != "off"):
+            return self._layers_and_head(bufs, state, moe_pdl=mode == "all")
 
-    def _layers_and_head(self, bufs: dict, state: Any) -> torch.Tensor:
+    def _layers_and_head(self, bufs: dict, state: Any, moe_pdl: bool) -> torch.Tensor:
         cfg = self.cfg
         B = bufs["tokens"].shape[0]
         xa, xb, xs = bufs["xa"], bufs["xb"], bufs["xs"]
@@ -223,7 +224,7 @@ class FastDecoder:
                 trace.engaged("dense_gemv", G.variant_name(B, c), layer=i, op="dense_ffn", batch=B)
                 trace.engaged("norm_residual", "fused_gemv_prologue_epilogue", layer=i, batch=B)
             else:
-                with PDL.scope(PDL.enabled() and self._use_pdl(B) == "all"):
+                with PDL.scope(moe_pdl):
                     self._moe(i, p, bufs, xb, xs, xa)
         c = self._gemv("lm_head", xa, self.w_head, bufs["logits"][:, : cfg.n_real_tokens],
                        norm_weight=self.w_final_norm)
