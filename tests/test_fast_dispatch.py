@@ -140,9 +140,13 @@ def test_h200_per_call_site_overrides(monkeypatch):
     """A table override applies to the call sites whose N, K and epilogue all match, only there."""
     monkeypatch.setattr(tuning, "device_name", lambda device=None: "NVIDIA H200")
     swiglu = tuning.lookup("gemv", 1, device="cuda", N=4096, K=4096, epilogue="swiglu")
-    plain = tuning.lookup("gemv", 1, device="cuda", N=4096, K=4096, epilogue="residual")
-    assert (swiglu["BLOCK_N"], swiglu["prefetch"]) == (16, 0)
-    assert (plain["BLOCK_N"], plain["prefetch"]) == (8, 1)
+    plain = tuning.lookup("gemv", 1, device="cuda", N=4096, K=4096, epilogue="none")
+    kda_in = tuning.lookup("gemv", 1, device="cuda", N=12576, K=4096, epilogue="none")
+    dense_down = tuning.lookup("gemv", 1, device="cuda", N=4096, K=11008, epilogue="residual")
+    assert (swiglu["target_programs"], swiglu["prefetch"]) == (264, 1)
+    assert (plain["target_programs"], plain["prefetch"], plain.get("acc2d", 0)) == (1056, 0, 0)
+    assert kda_in["prefetch"] == 0 and kda_in["SPLIT_K"] == 1  # batch 1's base: no register prefetch
+    assert (dense_down["acc2d"], dense_down["BLOCK_N"], dense_down["prefetch"]) == (1, 4, 1)
     assert "overrides" not in swiglu and "note" not in swiglu
     fg = tuning.lookup("gemv", 8, device="cuda", N=8192, K=256)
     assert (fg["BLOCK_N"], fg["BLOCK_K"]) == (32, 256)
@@ -220,6 +224,23 @@ def test_pdl_scope_sets_the_constexpr_and_the_launch_option_and_restores_them():
         with pdl.scope(True):
             raise RuntimeError("a failing launch")
     assert not pdl.enabled()  # restored after an error too
+
+
+def test_moe_schedule_per_batch_and_a_bad_value_is_named(monkeypatch):
+    """Batch 1 takes the fused MoE input schedule on the H200, larger batches the separate one;
+    a table without the entry means separate; a bad value is named."""
+    from optimized_model.k3.fast.runtime import FastDecoder
+
+    monkeypatch.setattr(tuning, "device_name", lambda device=None: "NVIDIA H200")
+    gpu = type("Decoder", (), {"device": torch.device("meta")})()  # reads only .device
+    assert FastDecoder._moe_schedule(gpu, 1)["shared_in"] == "fused"
+    assert FastDecoder._moe_schedule(gpu, 2)["shared_in"] == "separate"
+    kernels = tuning.tables()["NVIDIA H200"]["kernels"]
+    monkeypatch.setitem(kernels["moe_schedule"]["buckets"][0], "shared_in", "both")
+    with pytest.raises(ValueError, match="moe_schedule.shared_in 'both'"):
+        FastDecoder._moe_schedule(gpu, 1)
+    monkeypatch.delitem(kernels, "moe_schedule")
+    assert FastDecoder._moe_schedule(gpu, 1) == {}
 
 
 def test_step_dependent_launch_mode_comes_from_the_table_and_a_bad_value_is_named(monkeypatch):

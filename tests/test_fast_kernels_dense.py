@@ -54,7 +54,7 @@ CONFIGS = {
 
 
 @pytest.mark.parametrize("cfg", sorted(CONFIGS))
-@pytest.mark.parametrize("name", ["gemv_residual", "gemv_norm_swiglu", "gemv_slots_residual"])
+@pytest.mark.parametrize("name", ["gemv_residual", "gemv_norm_swiglu", "gemv_slots_residual", "gemv_glu_residual"])
 def test_gemv_configs_and_epilogues(name, cfg):
     e = ENTRIES[name]
     shape = {"M": 3, "N": 21, "K": 40}  # odd M, N not a multiple of the tile, K with a tail

@@ -57,6 +57,31 @@ def test_fast_decode_matches_standard_fp32_over_two_steps(fp32_model):
     assert len(rec.engaged("moe_experts")) == 2 * sum(m.cfg.ffn_kind(i) == "moe" for i in range(m.cfg.n_layers))
 
 
+def test_fused_moe_input_schedule_matches_standard_fp32(fp32_model):
+    """Batch 1 takes the "shared_in: fused" MoE schedule of the interpreter's table (one gemv
+    over [latent down; shared gate|up], the shared down with the SwiGLU prologue): logits and
+    state match the standard path, and the trace names the schedule."""
+    from optimized_model.k3.fast import tuning
+
+    assert tuning.entry("moe_schedule", 1, device="cpu")["shared_in"] == "fused"
+    assert tuning.entry("moe_schedule", 2, device="cpu")["shared_in"] == "separate"
+    m = fp32_model
+    fd = _decoder(m)
+    st_std = m.random_state(1, 9, 64, seed=4)
+    st_fast = st_std.clone()
+    st_fast.max_len = 9
+    n = m.cfg.n_real_tokens
+    with trace.recording() as rec:
+        for tok in (torch.tensor([9]), torch.tensor([130])):
+            ref = m.decode(tok, st_std)
+            out = fd.decode(tok, st_fast)
+            assert (out[:, :n] - ref[:, :n]).abs().max().item() < 1e-4
+    for a, b in zip(st_std.tensors(), st_fast.tensors()):
+        assert (a.float() - b.float()).abs().max().item() < 1e-4
+    shared = rec.components()["shared_expert"]
+    assert shared and all(v.startswith("fused_in_") and v.endswith("_sequential") for v in shared), shared
+
+
 def test_fast_decode_fp16_within_noise_floor():
     m16 = K3Model.build("tiny", device="cpu", dtype=torch.float16, seed=0)
     orc = K3Model.build("tiny", device="cpu", dtype=torch.float32, seed=0, oracle=True, round_dtype=torch.float16)

@@ -21,6 +21,9 @@ Per layer (weights prepacked once at build time; every projection is an ``fp_gem
         side stream (overlapped, low priority): shared expert gate|up SwiGLU gemv (norm
         prologue), down gemv with residual epilogue → x + shared
         join (event), latent up gemv: slot-sum prologue + residual epilogue (x + shared)
+        schedule "shared_in": "fused" (table data, batch 1): one gemv streams [latent down;
+        shared gate|up] on the main stream, the router beside it on the aux stream, the shared
+        down gemv (SwiGLU prologue) beside the experts on the side stream
   dense FFN (layer 0): SwiGLU gemv (norm prologue) + down gemv with residual epilogue
   head  gemv [final-norm prologue] → fp32 logits (padding columns stay -inf)
 
@@ -123,9 +126,12 @@ class FastDecoder:
             p.w13, p.w2 = W("w13"), W("w2")
         else:
             p.router, p.router_bias = W("router"), W("router_bias")
-            p.moe_down, p.moe_up = W("moe_down"), W("moe_up")
+            # [latent down; shared gate|up]: both read the normed x, so one launch can stream
+            # them (schedule "shared_in": "fused"); the separate schedule reads the same rows
+            p.moe_in = torch.cat([W("moe_down"), W("shared_w13")]).contiguous()
+            p.moe_down, p.sw13 = p.moe_in[: cfg.moe_latent], p.moe_in[cfg.moe_latent:]
+            p.moe_up, p.sw2 = W("moe_up"), W("shared_w2")
             p.ew13, p.ew2 = W("experts_w13"), W("experts_w2")
-            p.sw13, p.sw2 = W("shared_w13"), W("shared_w2")
         return p
 
     # -- buffers ----------------------------------------------------------------------------------
@@ -149,6 +155,7 @@ class FastDecoder:
             "ffn_h": e(B, max(cfg.dense_inter, cfg.n_shared * cfg.shared_inter)),
             "sh_h": e(B, cfg.n_shared * cfg.shared_inter),
             "lat": e(B, cfg.moe_latent),
+            "moe_in": e(B, cfg.moe_latent + 2 * cfg.n_shared * cfg.shared_inter),
             "ids": e(B, cfg.top_k, dtype=torch.int32),
             "rw": e(B, cfg.top_k, dtype=torch.float32),
             "eh": e(B * cfg.top_k, cfg.expert_inter),
@@ -157,8 +164,9 @@ class FastDecoder:
             "align": MOE.MoeAlign(B, cfg.top_k, cfg.n_experts,
                                   MOE.experts_block_m(B, tuning.lookup("moe_experts", B, device=dev)), dev),
             "logits": torch.full((B, cfg.vocab_size), float("-inf"), dtype=torch.float32, device=dev),
-            # per layer: fork (main → aux, side), latent ready (aux → main), join (side → main)
-            "events": [tuple(torch.cuda.Event() for _ in range(3)) for _ in range(cfg.n_layers)] if self.on_cuda else None,
+            # per MoE layer: fork (main → aux, side), aux done (router or latent down → main),
+            # wide launch done (main → side; fused schedule), join (side → main)
+            "events": [tuple(torch.cuda.Event() for _ in range(4)) for _ in range(cfg.n_layers)] if self.on_cuda else None,
         }
         self._bufs[B] = bufs
         return bufs
@@ -176,7 +184,7 @@ class FastDecoder:
             if cute_gemv.supports(x, w)[0] and out.is_contiguous():
                 cute_gemv.gemv(x, w, out=out)
                 return {"variant": "cute"}
-        cfg = self._cfg(M, N, x.shape[-1], kw.get("epilogue", "none"))
+        cfg = self._cfg(M, N, w.shape[1], kw.get("epilogue", "none"))
         scratch = None
         if int(cfg.get("SPLIT_K", 1)) > 1 and "groups" not in kw:
             key = (site, M, int(cfg["SPLIT_K"]))  # a retuned table (A/B of variants) gets its own
@@ -289,67 +297,134 @@ class FastDecoder:
         trace.engaged("dense_gemv", G.variant_name(B, c), layer=i, op="mla_in", batch=B, N=n_in, K=cfg.hidden)
         trace.engaged("norm_residual", "fused_gemv_prologue_epilogue", layer=i, batch=B)
 
+    def _moe_schedule(self, B: int) -> dict:
+        """Table data "moe_schedule" for batch B: ``shared_in`` "fused" (one launch streams the
+        latent down projection and the shared gate|up) or "separate"; ``latent_down`` "aux" or
+        "main" (separate schedule, CUDA only). Tables without the entry: separate, main."""
+        if "moe_schedule" not in tuning.table_for(self.device)["kernels"]:
+            return {}
+        sched = tuning.entry("moe_schedule", B, device=self.device)
+        if sched.get("shared_in", "separate") not in ("fused", "separate"):
+            raise ValueError(f"tuning table: moe_schedule.shared_in {sched['shared_in']!r}; "
+                             "expected 'fused' or 'separate'")
+        return sched
+
     def _moe(self, i, p, bufs, x, xs, x_out) -> None:
+        B = x.shape[0]
+        if self._moe_schedule(B).get("shared_in") == "fused":
+            c_sh, overlap = self._moe_fused_in(i, p, bufs, x, xs)
+            shared_variant = "fused_in_" + G.variant_name(B, c_sh) + "_" + overlap
+        else:
+            c_sh, overlap = self._moe_separate(i, p, bufs, x, xs)
+            shared_variant = G.variant_name(B, c_sh) + "_" + overlap
+        # x + routed + shared: slot-sum prologue over the experts' outputs, residual x + shared
+        self._gemv(f"L{i}.up", bufs["eo"], p.moe_up, x_out, epilogue="residual", residual=xs)
+        cfg = self.cfg
+        fused_align = tuning.lookup("moe_router", B, device=self.device).get("align", "fused") == "fused"
+        trace.engaged("moe_router", "triton_parallel_topk_align" if fused_align else "triton_parallel_topk+align_launch",
+                      layer=i, batch=B, experts=cfg.n_experts, top_k=cfg.top_k)
+        trace.engaged("moe_experts", MOE.variant_name(B, tuning.lookup("moe_experts", B, device=self.device)),
+                      layer=i, batch=B, experts=cfg.n_experts, top_k=cfg.top_k, latent=cfg.moe_latent,
+                      inter=cfg.expert_inter)
+        trace.engaged("shared_expert", shared_variant, layer=i, batch=B, inter=cfg.n_shared * cfg.shared_inter)
+        trace.engaged("dense_gemv", "triton_latent_proj", layer=i, op="moe_latent", batch=B)
+        trace.engaged("norm_residual", "fused_gemv_prologue_epilogue", layer=i, batch=B)
+
+    def _route(self, p, bufs, x) -> None:
+        """Router (top-k, weights) and the by-expert grouping of the pairs: in the router's
+        last program ("fused", table data) or in its own launch."""
         cfg = self.cfg
         B = x.shape[0]
-        Is = cfg.n_shared * cfg.shared_inter
-        sh_h = bufs["sh_h"]
-
-        def shared():
-            c = self._gemv(f"L{i}.sw13", x, p.sw13, sh_h, epilogue="swiglu", norm_weight=p.ffn_norm)
-            self._gemv(f"L{i}.sw2", sh_h, p.sw2, xs, epilogue="residual", residual=x)
-            return c
-
-        # The routed chain (router -> experts) is the step's critical path: it is issued first,
-        # on the high-priority main stream; the latent down projection does not need the routing
-        # and runs beside the router on the high-priority aux stream (table data
-        # "moe_schedule.latent_down": "aux"; "main": after the router); the shared expert runs on
-        # the low-priority side stream (started after the router instead, the whole step was
-        # 4-9 % slower: perf notes, run I).
-        lat = bufs["lat"]
-        down_beside = self.on_cuda and tuning.entry("moe_schedule", B, device=self.device).get("latent_down") == "aux"
-        if self.on_cuda:
-            fork, lat_ready, join = bufs["events"][i]
-            main = torch.cuda.current_stream(self.device)
-            fork.record(main)
-        if down_beside:
-            with torch.cuda.stream(self._aux):
-                self._aux.wait_event(fork)
-                self._gemv(f"L{i}.down", x, p.moe_down, lat, norm_weight=p.ffn_norm)
-                lat_ready.record(self._aux)
         rcfg = tuning.lookup("moe_router", B, device=self.device)
-        # the by-expert grouping: in the router's last program ("fused") or its own launch
         fused_align = rcfg.get("align", "fused") == "fused"
         MOE.moe_router(x, p.router, p.router_bias, cfg.top_k, routed_scaling=cfg.routed_scaling,
                        norm_weight=p.ffn_norm, eps=cfg.norm_eps, ids=bufs["ids"], weights=bufs["rw"],
                        config=rcfg, scratch=bufs["router_scratch"], align=bufs["align"] if fused_align else None)
         if not fused_align:
             MOE.moe_align(bufs["ids"], cfg.n_experts, bufs["align"].block_m, align=bufs["align"])
+
+    def _experts(self, p, bufs, lat) -> None:
+        B = lat.shape[0]
+        MOE.moe_experts(lat, bufs["ids"], bufs["rw"], p.ew13, p.ew2, h_buf=bufs["eh"], out=bufs["eo"],
+                        config=tuning.lookup("moe_experts", B, device=self.device), align=bufs["align"])
+
+    def _moe_separate(self, i, p, bufs, x, xs) -> tuple[dict, str]:
+        """The routed chain (router -> latent down -> experts) is the step's critical path: it is
+        issued first, on the high-priority main stream; the latent down projection can run beside
+        the router on the high-priority aux stream (table data "moe_schedule.latent_down": "aux";
+        "main": after the router); the shared expert (gate|up SwiGLU gemv, down gemv + residual
+        → xs) runs on the low-priority side stream (started after the router instead, the whole
+        step was 4-9 % slower: perf notes, run I)."""
+        B = x.shape[0]
+        lat = bufs["lat"]
+        down_beside = self.on_cuda and self._moe_schedule(B).get("latent_down") == "aux"
+        if self.on_cuda:
+            fork, aux_done, _, join = bufs["events"][i]
+            main = torch.cuda.current_stream(self.device)
+            fork.record(main)
         if down_beside:
-            main.wait_event(lat_ready)
+            with torch.cuda.stream(self._aux):
+                self._aux.wait_event(fork)
+                self._gemv(f"L{i}.down", x, p.moe_down, lat, norm_weight=p.ffn_norm)
+                aux_done.record(self._aux)
+        self._route(p, bufs, x)
+        if down_beside:
+            main.wait_event(aux_done)
         else:
             self._gemv(f"L{i}.down", x, p.moe_down, lat, norm_weight=p.ffn_norm)
-        ecfg = tuning.lookup("moe_experts", B, device=self.device)
-        MOE.moe_experts(lat, bufs["ids"], bufs["rw"], p.ew13, p.ew2, h_buf=bufs["eh"], out=bufs["eo"],
-                        config=ecfg, align=bufs["align"])
-        if self.on_cuda:
-            with torch.cuda.stream(self._side):
-                self._side.wait_event(fork)
-                c_sh = shared()
-                join.record(self._side)
-            main.wait_event(join)
-            overlap = "side_stream"
-        else:
+        self._experts(p, bufs, lat)
+
+        def shared():
+            c = self._gemv(f"L{i}.sw13", x, p.sw13, bufs["sh_h"], epilogue="swiglu", norm_weight=p.ffn_norm)
+            self._gemv(f"L{i}.sw2", bufs["sh_h"], p.sw2, xs, epilogue="residual", residual=x)
+            return c
+
+        if not self.on_cuda:
+            return shared(), "sequential"
+        with torch.cuda.stream(self._side):
+            self._side.wait_event(fork)
             c_sh = shared()
-            overlap = "sequential"
-        self._gemv(f"L{i}.up", bufs["eo"], p.moe_up, x_out, epilogue="residual", residual=xs)
-        trace.engaged("moe_router", "triton_parallel_topk_align" if fused_align else "triton_parallel_topk+align_launch",
-                      layer=i, batch=B, experts=cfg.n_experts, top_k=cfg.top_k)
-        trace.engaged("moe_experts", MOE.variant_name(B, ecfg), layer=i, batch=B, experts=cfg.n_experts,
-                      top_k=cfg.top_k, latent=cfg.moe_latent, inter=cfg.expert_inter)
-        trace.engaged("shared_expert", G.variant_name(B, c_sh) + "_" + overlap, layer=i, batch=B, inter=Is)
-        trace.engaged("dense_gemv", "triton_latent_proj", layer=i, op="moe_latent", batch=B)
-        trace.engaged("norm_residual", "fused_gemv_prologue_epilogue", layer=i, batch=B)
+            join.record(self._side)
+        main.wait_event(join)
+        return c_sh, "side_stream"
+
+    def _moe_fused_in(self, i, p, bufs, x, xs) -> tuple[dict, str]:
+        """One launch streams [latent down; shared gate|up] (both read the normed x) on the main
+        stream while the router runs beside it on the aux stream; then the experts (main) and
+        the shared down projection (side stream, SwiGLU prologue over the raw gate|up, residual
+        → xs). At batch 1 the router and the latent down no longer sit on the critical path
+        one after the other while the shared gate|up streams alone (perf notes, run L)."""
+        L = self.cfg.moe_latent
+        wide = bufs["moe_in"]
+        lat, gate_up = wide[:, :L], wide[:, L:]
+        if self.on_cuda:
+            fork, routed, wide_done, join = bufs["events"][i]
+            main = torch.cuda.current_stream(self.device)
+            fork.record(main)
+            with torch.cuda.stream(self._aux):
+                self._aux.wait_event(fork)
+                self._route(p, bufs, x)
+                routed.record(self._aux)
+        else:
+            self._route(p, bufs, x)
+        c = self._gemv(f"L{i}.moe_in", x, p.moe_in, wide, norm_weight=p.ffn_norm)
+
+        def shared_down():
+            self._gemv(f"L{i}.sw2", gate_up, p.sw2, xs, epilogue="residual", residual=x, glu_input=True)
+
+        if not self.on_cuda:
+            shared_down()
+            self._experts(p, bufs, lat)
+            return c, "sequential"
+        wide_done.record(main)
+        with torch.cuda.stream(self._side):
+            self._side.wait_event(wide_done)
+            shared_down()
+            join.record(self._side)
+        main.wait_event(routed)
+        self._experts(p, bufs, lat)
+        main.wait_event(join)
+        return c, "side_stream"
 
     # -- public -------------------------------------------------------------------------------------
     def _state_key(self, state) -> tuple:

@@ -17,8 +17,11 @@ One Triton kernel, specialised at compile time (constexpr) by the tuning table:
 
 Fused prologues: RMSNorm of x (``norm_weight``; folded: the K loop accumulates Σ (x·nw)·W and
 Σ x² from the x tiles it loads anyway, rstd scales the accumulator at the end — no separate pass
-over the row before W streams; split-K carries the partial Σ x² in its workspace), sum over slots of x (``x`` of shape [M, S, K]: the routed experts'
-per-slot outputs are reduced here). Fused epilogues: ``residual`` (y = xWᵀ + r), ``swiglu``
+over the row before W streams; split-K carries the partial Σ x² in its workspace), sum over
+slots of x (``x`` of shape [M, S, K]: the routed experts' per-slot outputs are reduced here),
+SwiGLU of x (``glu_input``: x = [g | u] of width 2K, the prologue forms silu(g)·u with the
+standard path's roundings: the shared expert's down projection reading the raw gate|up that a
+wider launch wrote, see fast/runtime.py). Fused epilogues: ``residual`` (y = xWᵀ + r), ``swiglu``
 (W = [gate; up] concatenated, y = silu(x Wgᵀ)·(x Wuᵀ), one pass), ``sigmoid_gate``
 (y = xWᵀ · sigmoid(g)).
 
@@ -46,8 +49,9 @@ def fp_gemv_kernel(
     stride_xg, stride_wg, stride_yg, stride_rg,
     K: tl.constexpr, K_SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, XSLOTS: tl.constexpr, NORM: tl.constexpr,
-    EPI: tl.constexpr, USE_DOT: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
+    SPLIT_K: tl.constexpr, XSLOTS: tl.constexpr, NORM: tl.constexpr, XGLU: tl.constexpr,
+    EPI: tl.constexpr, USE_DOT: tl.constexpr, PREFETCH: tl.constexpr, ACC2D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pid0 = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -72,6 +76,12 @@ def fp_gemv_kernel(
     ss = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if ACC2D:
+        # one row of x: products accumulate elementwise over the K tiles and are reduced across
+        # threads once after the loop, not once per tile (the loop is then loads and FMAs only)
+        accw = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        accw2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        ssw = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
     k_lo = pid_s * K_SPLIT
     if PREFETCH:
         # small M: register double buffer of the W tile (Triton does not pipeline loads that do
@@ -105,8 +115,17 @@ def fp_gemv_kernel(
         for s in tl.static_range(1, XSLOTS):
             xk += tl.load(X + rm[:, None] * stride_xm + s * stride_xs + kk[None, :],
                           mask=xmask, other=0.0).to(tl.float32)
+        if XGLU:
+            # x = silu(g) * u, g = x[:, k], u = x[:, K + k]: silu rounded to the working dtype
+            # before the product, as torch's F.silu(g) * u in bf16 (the product is rounded below)
+            xu = tl.load(X + rm[:, None] * stride_xm + K + kk[None, :], mask=xmask, other=0.0).to(tl.float32)
+            sg = (xk / (1.0 + tl.exp(-xk))).to(X.dtype.element_ty).to(tl.float32)
+            xk = sg * xu
         if NORM:
-            ss += tl.sum(xk * xk, axis=1)
+            if ACC2D:
+                ssw += xk * xk
+            else:
+                ss += tl.sum(xk * xk, axis=1)
             nw = tl.load(NW + kk, mask=k_ok, other=0.0).to(tl.float32)
             xk = xk * nw[None, :]
         if USE_DOT:
@@ -122,15 +141,26 @@ def fp_gemv_kernel(
             wf = w.to(tl.float32)
             if EPI == 2:
                 w2f = w2.to(tl.float32)
-            rl = tl.arange(0, BLOCK_M)
-            for mi in tl.static_range(BLOCK_M):
-                if BLOCK_M == 1:
-                    xm = tl.sum(xr, axis=0)
-                else:
-                    xm = tl.sum(tl.where(rl[:, None] == mi, xr, 0.0), axis=0)
-                acc += tl.where(rl[:, None] == mi, tl.sum(wf * xm[None, :], axis=1)[None, :], 0.0)
+            if ACC2D:
+                x1 = tl.sum(xr, axis=0)
+                accw += wf * x1[None, :]
                 if EPI == 2:
-                    acc2 += tl.where(rl[:, None] == mi, tl.sum(w2f * xm[None, :], axis=1)[None, :], 0.0)
+                    accw2 += w2f * x1[None, :]
+            else:
+                rl = tl.arange(0, BLOCK_M)
+                for mi in tl.static_range(BLOCK_M):
+                    if BLOCK_M == 1:
+                        xm = tl.sum(xr, axis=0)
+                    else:
+                        xm = tl.sum(tl.where(rl[:, None] == mi, xr, 0.0), axis=0)
+                    acc += tl.where(rl[:, None] == mi, tl.sum(wf * xm[None, :], axis=1)[None, :], 0.0)
+                    if EPI == 2:
+                        acc2 += tl.where(rl[:, None] == mi, tl.sum(w2f * xm[None, :], axis=1)[None, :], 0.0)
+    if ACC2D:
+        ss = tl.sum(ssw, axis=1)
+        acc = tl.sum(accw, axis=1)[None, :]
+        if EPI == 2:
+            acc2 = tl.sum(accw2, axis=1)[None, :]
 
     out_mask = m_ok[:, None] & n_ok[None, :]
     is_last = True
@@ -213,10 +243,12 @@ def gemv(
     config: dict | None = None,
     scratch: GemvScratch | None = None,
     groups: tuple[int, int, int, int, int] | None = None,
+    glu_input: bool = False,
 ) -> torch.Tensor:
     """y[M, N] = prologue(x) @ W^T with an optional fused epilogue.
 
-    x: [M, K] or [M, S, K] (S slots summed in the prologue); K contiguous.
+    x: [M, K] or [M, S, K] (S slots summed in the prologue); K contiguous. ``glu_input``: x is
+    [M, 2K] = [g | u] and the prologue forms silu(g)·u (no norm, no slots).
     w: [N, K] (``swiglu``: [2N, K] = [gate; up]). norm_weight: [K] → RMSNorm prologue.
     epilogue: none | residual (needs ``residual`` [M, N]) | swiglu | sigmoid_gate (needs ``gate``).
     groups: (G, stride_xg, stride_wg, stride_yg, stride_rg) — G independent problems, group g
@@ -237,6 +269,10 @@ def gemv(
     if w.stride(1) != 1:
         w = w.contiguous()
     M, K = x.shape[0], x.shape[-1]
+    if glu_input:
+        assert slots == 1 and norm_weight is None and groups is None, "SwiGLU prologue: plain [M, 2K] x"
+        assert K % 2 == 0, f"SwiGLU prologue: x width {K} is not 2K"
+        K //= 2
     N = w.shape[0] // 2 if epi == 2 else w.shape[0]
     assert w.shape[1] == K, f"gemv: x has K={K}, W has {w.shape[1]}"
     G, sxg, swg, syg, srg = groups if groups is not None else (1, 0, 0, 0, 0)
@@ -278,9 +314,10 @@ def gemv(
         sxg, swg, syg, srg,
         K=K, K_SPLIT=k_split,
         BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, SPLIT_K=split, XSLOTS=slots,
-        NORM=norm_weight is not None, EPI=epi, USE_DOT=use_dot,
-        PREFETCH=bool(int(cfg.get("prefetch", 0))) and not use_dot, PDL=pdl.enabled(),
-        num_warps=int(cfg.get("num_warps", 4)), num_stages=_stages(cfg, BM, BN, BK, slots, epi, x, w, use_dot),
+        NORM=norm_weight is not None, XGLU=glu_input, EPI=epi, USE_DOT=use_dot,
+        PREFETCH=bool(int(cfg.get("prefetch", 0))) and not use_dot,
+        ACC2D=bool(int(cfg.get("acc2d", 0))) and BM == 1, PDL=pdl.enabled(),
+        num_warps=int(cfg.get("num_warps", 4)), num_stages=_stages(cfg, BM, BN, BK, slots, epi, x, w, use_dot, glu_input),
         **pdl.launch_kwargs(),
     )
     return out
@@ -289,13 +326,13 @@ def gemv(
 SMEM_BUDGET = 200 * 1024  # H100/H200: 227 KB per block; keep a margin
 
 
-def _stages(cfg, BM, BN, BK, slots, epi, x, w, use_dot) -> int:
+def _stages(cfg, BM, BN, BK, slots, epi, x, w, use_dot, glu=False) -> int:
     """Pipeline depth: the table's, lowered until the tl.dot operand buffers fit in shared memory
     (the slot-sum prologue multiplies the x tile by the number of slots)."""
     stages = int(cfg.get("num_stages", 3))
     if not use_dot:
         return stages
-    per_stage = BM * BK * x.element_size() * slots + BN * BK * w.element_size() * (2 if epi == 2 else 1)
+    per_stage = BM * BK * x.element_size() * slots * (2 if glu else 1) + BN * BK * w.element_size() * (2 if epi == 2 else 1)
     while stages > 1 and (stages - 1) * per_stage > SMEM_BUDGET:
         stages -= 1
     return stages
@@ -313,7 +350,7 @@ def variant_name(M: int, cfg: dict) -> str:
 
 # ---------------------------------------------------------------------------- references
 def gemv_reference(x, w, *, epilogue="none", residual=None, gate=None, norm_weight=None, eps=1e-6,
-                   dtype=None):
+                   dtype=None, glu_input=False):
     """The math in ``dtype`` (default x.dtype) with torch ops: the standard path's way when
     ``dtype`` is the working dtype, the oracle when it is float32."""
     dt = dtype or x.dtype
@@ -323,6 +360,9 @@ def gemv_reference(x, w, *, epilogue="none", residual=None, gate=None, norm_weig
     if norm_weight is not None:
         xx = xx * torch.rsqrt(xx.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.float()
     xx = xx.to(dt)
+    if glu_input:  # the standard path's swiglu(): F.silu(a) * b in the working dtype
+        a, b = xx.chunk(2, dim=-1)
+        xx = torch.nn.functional.silu(a) * b
     ww = w.to(dt)
     if epilogue == "swiglu":
         n = ww.shape[0] // 2
@@ -337,22 +377,23 @@ def gemv_reference(x, w, *, epilogue="none", residual=None, gate=None, norm_weig
 
 
 # ------------------------------------------------------------------------------ registry
-_VARIANTS = {  # registry entry name -> (epilogue, norm prologue, slots)
-    "gemv": ("none", False, 1),
-    "gemv_residual": ("residual", False, 1),
-    "gemv_norm_swiglu": ("swiglu", True, 1),
-    "gemv_sigmoid_gate": ("sigmoid_gate", False, 1),
-    "gemv_slots_residual": ("residual", False, 4),
+_VARIANTS = {  # registry entry name -> (epilogue, norm prologue, slots, SwiGLU prologue)
+    "gemv": ("none", False, 1, False),
+    "gemv_residual": ("residual", False, 1, False),
+    "gemv_norm_swiglu": ("swiglu", True, 1, False),
+    "gemv_sigmoid_gate": ("sigmoid_gate", False, 1, False),
+    "gemv_slots_residual": ("residual", False, 4, False),
+    "gemv_glu_residual": ("residual", False, 1, True),
 }
 
 
-def _make_entry(name: str, epilogue: str, norm: bool, slots: int, device=None) -> KernelSpec:
+def _make_entry(name: str, epilogue: str, norm: bool, slots: int, glu: bool, device=None) -> KernelSpec:
     def make_inputs(shape, value_class="normal", dtype=torch.float16, device="cpu", seed=0):
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         g = torch.Generator(device="cpu").manual_seed(seed)
         M, N, K = shape["M"], shape["N"], shape["K"]
         scale = {"normal": 1.0, "large": 30.0, "near_zero": 1e-3}.get(value_class, 1.0)
-        xs = (M, slots, K) if slots > 1 else (M, K)
+        xs = (M, slots, K) if slots > 1 else (M, 2 * K if glu else K)
         x = torch.randn(xs, generator=g) * scale
         rows = 2 * N if epilogue == "swiglu" else N
         w = torch.randn(rows, K, generator=g) / K ** 0.5
@@ -366,13 +407,13 @@ def _make_entry(name: str, epilogue: str, norm: bool, slots: int, device=None) -
         return inp
 
     def fast(**inp):
-        return gemv(epilogue=epilogue, **inp)
+        return gemv(epilogue=epilogue, glu_input=glu, **inp)
 
     def standard(**inp):
-        return gemv_reference(epilogue=epilogue, **inp)
+        return gemv_reference(epilogue=epilogue, glu_input=glu, **inp)
 
     def oracle(**inp):
-        return gemv_reference(epilogue=epilogue, dtype=torch.float32,
+        return gemv_reference(epilogue=epilogue, dtype=torch.float32, glu_input=glu,
                               **{k: v.float() for k, v in inp.items()})
 
     on_gpu = str(device or "").startswith("cuda") or (device is None and torch.cuda.is_available())

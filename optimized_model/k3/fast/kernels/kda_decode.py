@@ -121,15 +121,9 @@ def kda_decode_fused_kernel(
     pck = ck + b * sck_b
     pcv = cv + b * scv_b
 
-    # the fp32 state tile [BK, BV]. Only this kernel writes it (one step earlier), so under PDL
-    # it is loaded before the wait, streaming in while the projection before this kernel ends.
-    # Without PDL it is addressed and loaded after the conv, as before PDL (held through the
-    # conv, the batch-64 step was 4 % slower — perf notes, run K). The two lines are written
-    # twice on purpose: through a helper the non-PDL kernel's PTX changed (scripts/ptx_diff.py).
-    if PDL:
-        p_s = S + b * sS_b + h * sS_h + ok[:, None] * sS_k + ov[None, :] * sS_v
-        m_s = mk[:, None] & mv[None, :]
-        s = tl.load(p_s, mask=m_s, other=0.0)
+    # Nothing is loaded before the wait: loading the state tile early (under PDL only) made the
+    # compiler order the delta rule's arithmetic differently, and the step's numbers then
+    # depended on the launch mode (perf notes, run L); this way PDL changes only the timing.
     pdl_enter(PDL)
 
     # 1-2. conv + SiLU (+ the shifted conv states, kept in registers), L2 norm of q and k
@@ -146,11 +140,10 @@ def kda_decode_fused_kernel(
     g = lower_bound * tl.sigmoid(a * f)
     beta = tl.sigmoid(tl.load(xb + b * sxb + h).to(tl.float32))
 
-    # 4. delta rule on the state tile
-    if not PDL:
-        p_s = S + b * sS_b + h * sS_h + ok[:, None] * sS_k + ov[None, :] * sS_v
-        m_s = mk[:, None] & mv[None, :]
-        s = tl.load(p_s, mask=m_s, other=0.0)
+    # 4. delta rule on the fp32 state tile [BK, BV]
+    p_s = S + b * sS_b + h * sS_h + ok[:, None] * sS_k + ov[None, :] * sS_v
+    m_s = mk[:, None] & mv[None, :]
+    s = tl.load(p_s, mask=m_s, other=0.0)
     s = s * tl.exp(g)[:, None]
     u = (v - tl.sum(s * k[:, None], 0)) * beta
     s = s + k[:, None] * u[None, :]

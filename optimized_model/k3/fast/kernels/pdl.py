@@ -10,8 +10,10 @@ every fast kernel that takes ``PDL``:
   next kernel may launch once every program of this one got here). Released only after the
   wait, so when a kernel starts, everything upstream of its predecessor has completed.
 * Before ``pdl_enter`` a kernel may only load what neither its predecessor nor a concurrent
-  stream can be writing: weights, and state written only by this same kernel (KDA's recurrent
-  state, one step earlier). It stores nothing before it.
+  stream can be writing: weights (the GEMV's first W tile). It stores nothing before it, and
+  what it computes must not depend on the mode: a kernel's PDL and non-PDL builds differ only
+  by the two instructions (KDA decode once loaded its state early under PDL, and its arithmetic
+  compiled differently — scripts/gpu_pdl_check.py showed it; perf notes, run L).
 
 Launches made inside ``scope(True)`` carry the PDL launch attribute (``launch_kwargs()``) and
 compile the kernels with ``PDL=True`` (``enabled()``); outside it (the kernels suite, the CPU
