@@ -1,6 +1,7 @@
 """Do the fast step's kernels compile to the same code as at another commit? (CPU only.)
 
     python scripts/ptx_diff.py --rev 74ed216 [--batches 1,2,4,8,16,32,64] [--config mini]
+    python scripts/ptx_diff.py --pdl [--batches 1] [--config tiny]
 
 Records every distinct Triton launch of the fast step on the CPU (``gpu_bench.record_launches``:
 meta tensors, the H200 tuning table), compiles each for sm_90 with the kernel of this tree and
@@ -11,12 +12,20 @@ kernel or constexpr is new in this tree (e.g. ``PDL=True`` before PDL existed) i
 Identical PTX means a GPU figure measured at ``--rev`` still describes that launch: a refactor,
 or a code path kept for one configuration only, needs no new device time for it. Exit 1 when any
 launch differs.
+
+``--pdl``: for every launch the step makes with programmatic dependent launch (``PDL=True``),
+compile it also with ``PDL=False`` and compare the instructions each build executes, counted
+by opcode (``griddepcontrol`` aside): PDL may move a load, never change the arithmetic — a
+kernel whose two builds compute differently makes the step's numbers depend on the launch
+mode (KDA decode did, from f4971e2 to 678e8db: perf notes, run L). Exit 1 when any differ.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import importlib.util
+import re
 import os
 import subprocess
 import sys
@@ -29,6 +38,34 @@ def ptx_code(ptx: str) -> list[str]:
     """The code of a PTX module: no comments, line info or debug sections."""
     code = ptx.split(".section\t.debug")[0].split(".section .debug")[0]
     return [ln for ln in code.splitlines() if not ln.startswith("//") and ".loc" not in ln and ".file" not in ln]
+
+
+def opcodes(ptx: str) -> collections.Counter:
+    """How many times each opcode occurs in a PTX module's code (``griddepcontrol`` aside)."""
+    count: collections.Counter = collections.Counter()
+    for ln in ptx_code(ptx):
+        m = re.match(r"\s*(?:@!?%\w+\s+)?([a-z][\w.]*)", ln)
+        if m and not m.group(1).startswith("griddepcontrol"):
+            count[m.group(1)] += 1
+    return count
+
+
+def pdl_check(calls, compile_launch) -> int:
+    """Compare each PDL launch's opcode counts with its non-PDL build; the number that differ."""
+    bad = n = 0
+    for fn, sig, consts, opts, div in calls:
+        if not consts.get("PDL"):
+            continue
+        n += 1
+        plain = {k: v for k, v in opts.items() if k != "launch_pdl"}
+        with_pdl = opcodes(compile_launch(fn, sig, consts, opts, div).asm["ptx"])
+        without = opcodes(compile_launch(fn, sig, dict(consts, PDL=False), plain, div).asm["ptx"])
+        diff = {k: (with_pdl[k], without[k]) for k in sorted(set(with_pdl) | set(without)) if with_pdl[k] != without[k]}
+        bad += bool(diff)
+        label = f"{fn.__name__} " + ",".join(f"{k}={v}" for k, v in consts.items() if k.isupper())
+        print(f"{'same' if not diff else 'DIFFERS':8s} {label}" + (f"\n         opcode (PDL, no PDL): {diff}" if diff else ""))
+    print(f"ptx_diff --pdl: {n} PDL launches, {bad} compute differently without PDL")
+    return bad
 
 
 def kernels_at(rev: str, tmp: str) -> dict:
@@ -53,15 +90,20 @@ def kernels_at(rev: str, tmp: str) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rev", required=True, help="git revision to compare with")
+    ap.add_argument("--rev", help="git revision to compare with")
+    ap.add_argument("--pdl", action="store_true", help="compare each PDL launch with its non-PDL build")
     ap.add_argument("--batches", default="1,2,4,8,16,32,64")
     ap.add_argument("--config", default="mini")
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise SystemExit("ptx_diff: unset TRITON_INTERPRET (the kernels must be compiled, not interpreted)")
+    if bool(args.rev) == args.pdl:
+        raise SystemExit("ptx_diff: give --rev REV or --pdl (one of them)")
     from optimized_model.k3.fast.gpu_bench import compile_launch, record_launches
 
     calls = record_launches(args.config, [int(b) for b in args.batches.split(",")])
+    if args.pdl:
+        return 1 if pdl_check(calls, compile_launch) else 0
     counts = {"identical": 0, "differs": 0, "new": 0}
     with tempfile.TemporaryDirectory() as tmp:
         old = kernels_at(args.rev, tmp)

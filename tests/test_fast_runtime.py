@@ -26,15 +26,16 @@ def _decoder(m):
     return fd
 
 
-def test_fast_decode_matches_standard_fp32_over_two_steps(fp32_model):
-    m = fp32_model
+def _two_steps_vs_standard(m, steps, seed):
+    """Decode ``steps`` (token tensors) on the standard path and on the fast decoder from the
+    same random state; logits and states must agree (fp32: 1e-4). Returns (fast state, trace)."""
     fd = _decoder(m)
-    st_std = m.random_state(2, 9, 64, seed=1)
+    st_std = m.random_state(len(steps[0]), 9, 64, seed=seed)
     st_fast = st_std.clone()
     st_fast.max_len = 9
     n = m.cfg.n_real_tokens
     with trace.recording() as rec:
-        for tok in (torch.tensor([5, 200]), torch.tensor([17, 3])):
+        for tok in steps:
             ref = m.decode(tok, st_std)
             out = fd.decode(tok, st_fast)
             assert out.shape == ref.shape and out.dtype == torch.float32
@@ -42,6 +43,12 @@ def test_fast_decode_matches_standard_fp32_over_two_steps(fp32_model):
             assert (out[:, :n] - ref[:, :n]).abs().max().item() < 1e-4
     for a, b in zip(st_std.tensors(), st_fast.tensors()):
         assert (a.float() - b.float()).abs().max().item() < 1e-4
+    return st_fast, rec
+
+
+def test_fast_decode_matches_standard_fp32_over_two_steps(fp32_model):
+    m = fp32_model
+    st_fast, rec = _two_steps_vs_standard(m, (torch.tensor([5, 200]), torch.tensor([17, 3])), seed=1)
     assert st_fast.lengths.tolist() == [11, 11] and st_fast.max_len == 11
     comps = rec.components()
     for name in registry.COMPONENT_NAMES:
@@ -65,19 +72,7 @@ def test_fused_moe_input_schedule_matches_standard_fp32(fp32_model):
 
     assert tuning.entry("moe_schedule", 1, device="cpu")["shared_in"] == "fused"
     assert tuning.entry("moe_schedule", 2, device="cpu")["shared_in"] == "separate"
-    m = fp32_model
-    fd = _decoder(m)
-    st_std = m.random_state(1, 9, 64, seed=4)
-    st_fast = st_std.clone()
-    st_fast.max_len = 9
-    n = m.cfg.n_real_tokens
-    with trace.recording() as rec:
-        for tok in (torch.tensor([9]), torch.tensor([130])):
-            ref = m.decode(tok, st_std)
-            out = fd.decode(tok, st_fast)
-            assert (out[:, :n] - ref[:, :n]).abs().max().item() < 1e-4
-    for a, b in zip(st_std.tensors(), st_fast.tensors()):
-        assert (a.float() - b.float()).abs().max().item() < 1e-4
+    _, rec = _two_steps_vs_standard(fp32_model, (torch.tensor([9]), torch.tensor([130])), seed=4)
     shared = rec.components()["shared_expert"]
     assert shared and all(v.startswith("fused_in_") and v.endswith("_sequential") for v in shared), shared
 
@@ -110,9 +105,9 @@ def test_decode_step_covers_the_sampler_and_refuses_graphs_on_cpu(fp32_model):
     assert comps["sampler"] and not any(v.startswith("refused") for v in comps["sampler"])
 
 
-def test_every_launch_of_the_tiny_step_compiles_for_sm90():
-    """CPU pre-flight: each Triton launch of a fast step compiles for sm_90 (Triton + ptxas) and
-    fits the H200's shared memory — errors the interpreter cannot see."""
+def _compile_on_cpu(*argv: str) -> str:
+    """Run a CPU compile check (no interpreter) in a fresh process; its stdout. Skips where the
+    triton wheel has no ptxas."""
     import subprocess
     import sys
     from pathlib import Path
@@ -123,7 +118,23 @@ def test_every_launch_of_the_tiny_step_compiles_for_sm90():
     if not ptxas.exists():
         pytest.skip(f"no ptxas in the triton wheel ({ptxas}): cannot compile for sm_90 here")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-m", "optimized_model.k3.fast.gpu_bench", "--aot", "--config", "tiny",
-                        "--batches", "1,16"], capture_output=True, text=True, env=env, timeout=300)
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, timeout=300, cwd=root)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "0 problems" in r.stdout
+    return r.stdout
+
+
+def test_every_launch_of_the_tiny_step_compiles_for_sm90():
+    """CPU pre-flight: each Triton launch of a fast step compiles for sm_90 (Triton + ptxas) and
+    fits the H200's shared memory — errors the interpreter cannot see."""
+    out = _compile_on_cpu("-m", "optimized_model.k3.fast.gpu_bench", "--aot", "--config", "tiny", "--batches", "1,16")
+    assert "0 problems" in out
+
+
+def test_pdl_builds_compute_what_the_plain_builds_compute():
+    """CPU pre-flight: every kernel the batch-1 step launches with programmatic dependent launch
+    compiles (sm_90) to the same instructions, opcode by opcode, as its non-PDL build — PDL may
+    move a load, never change the arithmetic (KDA decode's early state load did: perf notes,
+    run L)."""
+    out = _compile_on_cpu("scripts/ptx_diff.py", "--pdl", "--config", "tiny", "--batches", "1")
+    assert "0 compute differently" in out and " 0 PDL launches" not in out
