@@ -213,9 +213,10 @@ def test_default_and_cpu_tables_never_ask_for_dependent_launch():
 def test_pdl_scope_sets_the_constexpr_and_the_launch_option_and_restores_them():
     from optimized_model.k3.fast.kernels import pdl
 
-    assert not pdl.enabled() and pdl.launch_kwargs() == {}
+    assert not pdl.enabled() and pdl.launch_kwargs() == {} and pdl.launch_args() == {"PDL": False}
     with pdl.scope(True):
         assert pdl.enabled() and pdl.launch_kwargs() == {"launch_pdl": True}
+        assert pdl.launch_args() == {"PDL": True, "launch_pdl": True}  # constexpr and option together
         with pdl.scope(False):  # the MoE layers inside an "outside_moe" step
             assert not pdl.enabled() and pdl.launch_kwargs() == {}
         assert pdl.enabled()

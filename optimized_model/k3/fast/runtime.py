@@ -310,29 +310,26 @@ class FastDecoder:
         return sched
 
     def _moe(self, i, p, bufs, x, xs, x_out) -> None:
+        cfg = self.cfg
         B = x.shape[0]
-        if self._moe_schedule(B).get("shared_in") == "fused":
-            c_sh, overlap = self._moe_fused_in(i, p, bufs, x, xs)
-            shared_variant = "fused_in_" + G.variant_name(B, c_sh) + "_" + overlap
-        else:
-            c_sh, overlap = self._moe_separate(i, p, bufs, x, xs)
-            shared_variant = G.variant_name(B, c_sh) + "_" + overlap
+        sched = self._moe_schedule(B)
+        fused_in = sched.get("shared_in") == "fused"
+        # each schedule runs the router, the experts and the shared expert (x + shared → xs)
+        run = self._moe_fused_in if fused_in else self._moe_separate
+        router_variant, experts_variant, c_sh, overlap = run(i, p, bufs, x, xs, sched)
         # x + routed + shared: slot-sum prologue over the experts' outputs, residual x + shared
         self._gemv(f"L{i}.up", bufs["eo"], p.moe_up, x_out, epilogue="residual", residual=xs)
-        cfg = self.cfg
-        fused_align = tuning.lookup("moe_router", B, device=self.device).get("align", "fused") == "fused"
-        trace.engaged("moe_router", "triton_parallel_topk_align" if fused_align else "triton_parallel_topk+align_launch",
-                      layer=i, batch=B, experts=cfg.n_experts, top_k=cfg.top_k)
-        trace.engaged("moe_experts", MOE.variant_name(B, tuning.lookup("moe_experts", B, device=self.device)),
-                      layer=i, batch=B, experts=cfg.n_experts, top_k=cfg.top_k, latent=cfg.moe_latent,
-                      inter=cfg.expert_inter)
-        trace.engaged("shared_expert", shared_variant, layer=i, batch=B, inter=cfg.n_shared * cfg.shared_inter)
+        trace.engaged("moe_router", router_variant, layer=i, batch=B, experts=cfg.n_experts, top_k=cfg.top_k)
+        trace.engaged("moe_experts", experts_variant, layer=i, batch=B, experts=cfg.n_experts,
+                      top_k=cfg.top_k, latent=cfg.moe_latent, inter=cfg.expert_inter)
+        trace.engaged("shared_expert", ("fused_in_" if fused_in else "") + G.variant_name(B, c_sh) + "_" + overlap,
+                      layer=i, batch=B, inter=cfg.n_shared * cfg.shared_inter)
         trace.engaged("dense_gemv", "triton_latent_proj", layer=i, op="moe_latent", batch=B)
         trace.engaged("norm_residual", "fused_gemv_prologue_epilogue", layer=i, batch=B)
 
-    def _route(self, p, bufs, x) -> None:
+    def _route(self, p, bufs, x) -> str:
         """Router (top-k, weights) and the by-expert grouping of the pairs: in the router's
-        last program ("fused", table data) or in its own launch."""
+        last program ("fused", table data) or in its own launch. Returns the trace variant."""
         cfg = self.cfg
         B = x.shape[0]
         rcfg = tuning.lookup("moe_router", B, device=self.device)
@@ -342,22 +339,26 @@ class FastDecoder:
                        config=rcfg, scratch=bufs["router_scratch"], align=bufs["align"] if fused_align else None)
         if not fused_align:
             MOE.moe_align(bufs["ids"], cfg.n_experts, bufs["align"].block_m, align=bufs["align"])
+        return "triton_parallel_topk_align" if fused_align else "triton_parallel_topk+align_launch"
 
-    def _experts(self, p, bufs, lat) -> None:
+    def _experts(self, p, bufs, lat) -> str:
+        """The routed experts over the grouping; returns the trace variant."""
         B = lat.shape[0]
+        ecfg = tuning.lookup("moe_experts", B, device=self.device)
         MOE.moe_experts(lat, bufs["ids"], bufs["rw"], p.ew13, p.ew2, h_buf=bufs["eh"], out=bufs["eo"],
-                        config=tuning.lookup("moe_experts", B, device=self.device), align=bufs["align"])
+                        config=ecfg, align=bufs["align"])
+        return MOE.variant_name(B, ecfg)
 
-    def _moe_separate(self, i, p, bufs, x, xs) -> tuple[dict, str]:
+    def _moe_separate(self, i, p, bufs, x, xs, sched) -> tuple[str, str, dict, str]:
         """The routed chain (router -> latent down -> experts) is the step's critical path: it is
         issued first, on the high-priority main stream; the latent down projection can run beside
         the router on the high-priority aux stream (table data "moe_schedule.latent_down": "aux";
         "main": after the router); the shared expert (gate|up SwiGLU gemv, down gemv + residual
         → xs) runs on the low-priority side stream (started after the router instead, the whole
-        step was 4-9 % slower: perf notes, run I)."""
-        B = x.shape[0]
+        step was 4-9 % slower: perf notes, run I). Returns (router variant, experts variant,
+        the shared gate|up's gemv config, the overlap)."""
         lat = bufs["lat"]
-        down_beside = self.on_cuda and self._moe_schedule(B).get("latent_down") == "aux"
+        down_beside = self.on_cuda and sched.get("latent_down") == "aux"
         if self.on_cuda:
             fork, aux_done, _, join = bufs["events"][i]
             main = torch.cuda.current_stream(self.device)
@@ -367,12 +368,12 @@ class FastDecoder:
                 self._aux.wait_event(fork)
                 self._gemv(f"L{i}.down", x, p.moe_down, lat, norm_weight=p.ffn_norm)
                 aux_done.record(self._aux)
-        self._route(p, bufs, x)
+        router = self._route(p, bufs, x)
         if down_beside:
             main.wait_event(aux_done)
         else:
             self._gemv(f"L{i}.down", x, p.moe_down, lat, norm_weight=p.ffn_norm)
-        self._experts(p, bufs, lat)
+        experts = self._experts(p, bufs, lat)
 
         def shared():
             c = self._gemv(f"L{i}.sw13", x, p.sw13, bufs["sh_h"], epilogue="swiglu", norm_weight=p.ffn_norm)
@@ -380,20 +381,22 @@ class FastDecoder:
             return c
 
         if not self.on_cuda:
-            return shared(), "sequential"
+            return router, experts, shared(), "sequential"
         with torch.cuda.stream(self._side):
             self._side.wait_event(fork)
             c_sh = shared()
             join.record(self._side)
         main.wait_event(join)
-        return c_sh, "side_stream"
+        return router, experts, c_sh, "side_stream"
 
-    def _moe_fused_in(self, i, p, bufs, x, xs) -> tuple[dict, str]:
+    def _moe_fused_in(self, i, p, bufs, x, xs, sched) -> tuple[str, str, dict, str]:
         """One launch streams [latent down; shared gate|up] (both read the normed x) on the main
         stream while the router runs beside it on the aux stream; then the experts (main) and
         the shared down projection (side stream, SwiGLU prologue over the raw gate|up, residual
         → xs). At batch 1 the router and the latent down no longer sit on the critical path
-        one after the other while the shared gate|up streams alone (perf notes, run L)."""
+        one after the other while the shared gate|up streams alone (perf notes, run L).
+        Returns what ``_moe_separate`` returns (the wide launch's config for the shared
+        expert)."""
         L = self.cfg.moe_latent
         wide = bufs["moe_in"]
         lat, gate_up = wide[:, :L], wide[:, L:]
@@ -403,10 +406,10 @@ class FastDecoder:
             fork.record(main)
             with torch.cuda.stream(self._aux):
                 self._aux.wait_event(fork)
-                self._route(p, bufs, x)
+                router = self._route(p, bufs, x)
                 routed.record(self._aux)
         else:
-            self._route(p, bufs, x)
+            router = self._route(p, bufs, x)
         c = self._gemv(f"L{i}.moe_in", x, p.moe_in, wide, norm_weight=p.ffn_norm)
 
         def shared_down():
@@ -414,17 +417,16 @@ class FastDecoder:
 
         if not self.on_cuda:
             shared_down()
-            self._experts(p, bufs, lat)
-            return c, "sequential"
+            return router, self._experts(p, bufs, lat), c, "sequential"
         wide_done.record(main)
         with torch.cuda.stream(self._side):
             self._side.wait_event(wide_done)
             shared_down()
             join.record(self._side)
         main.wait_event(routed)
-        self._experts(p, bufs, lat)
+        experts = self._experts(p, bufs, lat)
         main.wait_event(join)
-        return c, "side_stream"
+        return router, experts, c, "side_stream"
 
     # -- public -------------------------------------------------------------------------------------
     def _state_key(self, state) -> tuple:

@@ -316,9 +316,9 @@ def gemv(
         BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, SPLIT_K=split, XSLOTS=slots,
         NORM=norm_weight is not None, XGLU=glu_input, EPI=epi, USE_DOT=use_dot,
         PREFETCH=bool(int(cfg.get("prefetch", 0))) and not use_dot,
-        ACC2D=bool(int(cfg.get("acc2d", 0))) and BM == 1, PDL=pdl.enabled(),
+        ACC2D=bool(int(cfg.get("acc2d", 0))) and BM == 1,
         num_warps=int(cfg.get("num_warps", 4)), num_stages=_stages(cfg, BM, BN, BK, slots, epi, x, w, use_dot, glu_input),
-        **pdl.launch_kwargs(),
+        **pdl.launch_args(),
     )
     return out
 

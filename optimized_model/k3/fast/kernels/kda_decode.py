@@ -264,9 +264,9 @@ def kda_decode(
         norm_weight, out, out.stride(0), o_ws, counter,
         float(scale), float(eps_l2), float(eps_norm), float(lower_bound),
         H=H, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, BVF=triton.next_power_of_2(V),
-        NV=NV, W=W, SL=SL, SLP=triton.next_power_of_2(SL), PDL=pdl.enabled(),
+        NV=NV, W=W, SL=SL, SLP=triton.next_power_of_2(SL),
         num_warps=num_warps or (4 if BV * triton.next_power_of_2(K) <= 8192 else 8),
-        **pdl.launch_kwargs(),
+        **pdl.launch_args(),
     )
     return out
 

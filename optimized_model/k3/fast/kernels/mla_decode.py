@@ -280,14 +280,14 @@ def mla_decode(
         q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), out.stride(0), out.stride(1),
         float(scale), int(split_len), int(length_offset), NS,
         H=H, D=D, BD=BD, BH=BH, BT=BT, DIRECT=NS == 1, IEEE=ieee, n_tiles=split_len // BT,
-        PDL=pdl.enabled(), num_warps=num_warps or (8 if BD >= 256 else 4), num_stages=num_stages,
-        **pdl.launch_kwargs(),
+        num_warps=num_warps or (8 if BD >= 256 else 4), num_stages=num_stages,
+        **pdl.launch_args(),
     )
     if NS > 1:
         mla_decode_combine_kernel[(B, H)](
             o_part, lse_part, out, out.stride(0), out.stride(1), NS,
-            H=H, D=D, BS=max(2, triton.next_power_of_2(NS)), BDC=min(BD, 128), PDL=pdl.enabled(),
-            num_warps=4 if NS <= 32 else 8, **pdl.launch_kwargs(),
+            H=H, D=D, BS=max(2, triton.next_power_of_2(NS)), BDC=min(BD, 128),
+            num_warps=4 if NS <= 32 else 8, **pdl.launch_args(),
         )
     return out
 

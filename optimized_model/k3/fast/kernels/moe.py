@@ -362,8 +362,8 @@ def moe_router(x, router_w, router_bias, top_k: int, *, routed_scaling: float = 
         BLOCK_E=ac["BLOCK_E"], NORM=norm_weight is not None,
         NORM_BK=min(_p2(D), max(int(cfg.get("BLOCK_K", 64)), 16384 // BME)),
         ALIGN=align is not None, BLOCK_P=ac["BLOCK_P"], ALIGN_M=align.block_m if align is not None else 1,
-        MAX_BLOCKS=ac["MAX_BLOCKS"], BLOCK_B=ac["BLOCK_B"], PDL=pdl.enabled(),
-        num_warps=int(cfg.get("num_warps", 4)), **pdl.launch_kwargs(),
+        MAX_BLOCKS=ac["MAX_BLOCKS"], BLOCK_B=ac["BLOCK_B"],
+        num_warps=int(cfg.get("num_warps", 4)), **pdl.launch_args(),
     )
     return ids, weights
 
@@ -375,8 +375,8 @@ def moe_align(ids, E: int, block_m: int, align: MoeAlign | None = None) -> MoeAl
         align = MoeAlign(M, k, E, block_m, ids.device)
     c = align.consts()
     fp_moe_experts_align_kernel[(E,)](ids, align.sorted, align.bexp, align.brows, M * k, E=E,
-                                      BLOCK_M=align.block_m, PDL=pdl.enabled(), num_warps=4, **c,
-                                      **pdl.launch_kwargs())
+                                      BLOCK_M=align.block_m, num_warps=4, **c,
+                                      **pdl.launch_args())
     return align
 
 
@@ -413,15 +413,15 @@ def moe_experts(lat, ids, weights, w13, w2, *, h_buf=None, out=None, config=None
     fp_moe_experts_up_kernel[(align.max_blocks, triton.cdiv(I, BN))](
         lat, align.sorted, align.bexp, align.brows, w13, h_buf,
         lat.stride(0), w13.stride(0), w13.stride(1), h_buf.stride(0),
-        L=L, I=I, TOPK=k, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, USE_DOT=use_dot, PDL=pdl.enabled(),
-        num_warps=nw, num_stages=ns, **pdl.launch_kwargs(),
+        L=L, I=I, TOPK=k, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, USE_DOT=use_dot,
+        num_warps=nw, num_stages=ns, **pdl.launch_args(),
     )
     o2 = out.view(P, L)
     fp_moe_experts_down_kernel[(align.max_blocks, triton.cdiv(L, BN_D))](
         h_buf, align.sorted, align.bexp, align.brows, weights, w2, o2,
         h_buf.stride(0), w2.stride(0), w2.stride(1), o2.stride(0),
-        L=L, I=I, BLOCK_M=BM, BLOCK_N=BN_D, BLOCK_K=BK_D, USE_DOT=use_dot, PDL=pdl.enabled(),
-        num_warps=int(cfg.get("num_warps_down", nw)), num_stages=ns, **pdl.launch_kwargs(),
+        L=L, I=I, BLOCK_M=BM, BLOCK_N=BN_D, BLOCK_K=BK_D, USE_DOT=use_dot,
+        num_warps=int(cfg.get("num_warps_down", nw)), num_stages=ns, **pdl.launch_args(),
     )
     return out
 

@@ -56,8 +56,8 @@ def add_rmsnorm(x, weight, residual=None, *, eps=1e-6, out=None, residual_out=No
         residual_out.stride(0) if residual_out is not None else 0,
         out.stride(1) if positions is not None else 0,
         N=N, BLOCK=BLOCK, HAS_R=residual is not None, WRITE_H=residual_out is not None,
-        HAS_POS=positions is not None, PDL=pdl.enabled(),
-        num_warps=4 if BLOCK <= 4096 else 8, **pdl.launch_kwargs(),
+        HAS_POS=positions is not None,
+        num_warps=4 if BLOCK <= 4096 else 8, **pdl.launch_args(),
     )
     return out
 

@@ -16,7 +16,8 @@ every fast kernel that takes ``PDL``:
   compiled differently — scripts/gpu_pdl_check.py showed it; perf notes, run L).
 
 Launches made inside ``scope(True)`` carry the PDL launch attribute (``launch_kwargs()``) and
-compile the kernels with ``PDL=True`` (``enabled()``); outside it (the kernels suite, the CPU
+compile the kernels with ``PDL=True`` (``enabled()``) — every launch passes both at once,
+``**launch_args()``, so the two cannot disagree; outside it (the kernels suite, the CPU
 interpreter) nothing changes. Where the step uses it is tuning-table data (``launch.pdl``:
 "all", "outside_moe" or "off" per batch bucket; runtime.FastDecoder._use_pdl): on the H200 it
 pays only at batch 1 outside the MoE layers, where the routed chain overlaps the shared expert's
@@ -55,6 +56,11 @@ def enabled() -> bool:
 def launch_kwargs() -> dict:
     """Extra launch options for a kernel launch made now."""
     return {"launch_pdl": True} if _enabled else {}
+
+
+def launch_args() -> dict:
+    """What a fast kernel's launch made now passes: its ``PDL`` constexpr and the launch option."""
+    return {"PDL": _enabled, **launch_kwargs()}
 
 
 @triton.jit
