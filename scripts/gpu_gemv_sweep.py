@@ -36,12 +36,13 @@ SITES = {
     "dense.w2": (4096, 11008, "residual", False, 1, False),
     "moe.down": (2048, 4096, "none", True, 1, False),
     "moe.up": (4096, 2048, "residual", False, 8, False),
+    "moe.up1": (4096, 2048, "residual", False, 1, False),  # the slots summed by the experts' down kernel
     "shared.w13": (4096, 4096, "swiglu", True, 1, False),
     "lm_head": (265, 4096, "none", True, 1, True),  # the 265 real tokens (fast/runtime.py)
 }
 # per-step launches of each site (8 layers: 6 KDA, 2 MLA, 1 dense FFN, 7 MoE)
 COUNT = {"moe.in": 7, "shared.w2glu": 7, "kda.in": 6, "kda.fg": 6, "attn.o": 8 + 7, "mla.in": 2, "mla.q_b": 2, "dense.w13": 1,
-         "dense.w2": 1, "moe.down": 7, "moe.up": 7, "shared.w13": 7, "lm_head": 1}
+         "dense.w2": 1, "moe.down": 7, "moe.up": 7, "moe.up1": 7, "shared.w13": 7, "lm_head": 1}
 
 SMALL_M = [("bn8_t1056", dict(BLOCK_N=8, target_programs=1056)),
            ("bn32_bk256", dict(BLOCK_N=32, BLOCK_K=256)),

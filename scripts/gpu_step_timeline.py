@@ -1,17 +1,21 @@
 """Timeline of one fast decode step on the GPU: every kernel in launch order with its stream,
 grid and duration, and the idle gaps between kernels on the main stream (GPU only).
 
-    python3 scripts/gpu_step_timeline.py [--batches 1,64] [--context 1024] [--path fast]
+    python3 scripts/gpu_step_timeline.py [--batches 1,64] [--context 1024] [--path fast] \
+        [--patch '{"l2_prefetch": {"kda_o": 1.0}}']
 
 Where the step time goes that no per-kernel sum shows: a step of ~100 short kernels can lose
 a large share of its time between kernels (launch latency inside the graph, ramp-up and tail of
 each kernel). Prints per batch: step wall time, busy time per stream, total main-stream gap, the
-kernels in order (µs, grid), and writes $OUT/timeline.json when OUT is set.
+kernels in order (µs, grid), and writes $OUT/timeline.json when OUT is set. ``--patch`` applies
+a tuning-table patch {kernel: {field: value}} to the bucket serving each batch (as
+gpu_table_ab.py's variants do).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import tempfile
@@ -20,6 +24,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from fastpath.engine import create_engine
+from optimized_model.k3.fast import tuning
+from sweep_util import apply_patch, parse_patch
 
 
 def kernels_of(trace_path: str) -> list[dict]:
@@ -60,11 +66,16 @@ def main() -> None:
     ap.add_argument("--batches", default="1,64")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--path", default="fast")
+    ap.add_argument("--patch", default="{}", help="JSON {kernel: {field: value}} for the batch's bucket")
     args = ap.parse_args()
+    patch = parse_patch(args.patch, "--patch")
+    table = tuning.table_for("cuda")
+    base = copy.deepcopy(table["kernels"])
     engine = create_engine("embedded", config="mini", device="cuda", dtype="bfloat16")
     model = engine.load(args.path)
     out = []
     for b in [int(x) for x in args.batches.split(",")]:
+        apply_patch(table, base, patch, b)
         step = model.decode_step(b, args.context)
         for _ in range(5):
             step()
@@ -78,7 +89,7 @@ def main() -> None:
             prof.export_chrome_trace(tf.name)
             ks = kernels_of(tf.name)
         res = analyse(one_step(ks, n))
-        res.update(batch=b, context=args.context, path=args.path)
+        res.update(batch=b, context=args.context, path=args.path, patch=patch)
         out.append(res)
         print(f"\n== {args.path} batch {b} ctx {args.context}: wall {res['wall_us']:.0f} us, "
               f"{res['launches']} launches, busy per stream {res['busy_us']}, "

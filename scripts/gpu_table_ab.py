@@ -28,28 +28,7 @@ import torch
 from optimized_model.k3.fast import hooks, tuning
 from optimized_model.k3.fast.gpu_bench import time_graph
 from optimized_model.k3.model import K3Model
-from sweep_util import stopwatch_log
-
-
-def parse_variant(text: str) -> tuple[str, dict]:
-    name, sep, body = text.partition("=")
-    if not sep or not name:
-        raise SystemExit(f"--variant {text!r}: expected NAME=JSON, e.g. 'w4={{\"moe_router\": {{\"num_warps\": 4}}}}'")
-    patch = json.loads(body)
-    if not isinstance(patch, dict) or not all(isinstance(v, dict) for v in patch.values()):
-        raise SystemExit(f"--variant {name}: JSON must be {{kernel: {{field: value}}}}")
-    return name, patch
-
-
-def apply(table: dict, base: dict, patch: dict, batch: int) -> None:
-    """Reset ``table``'s kernels to ``base``, then patch the buckets serving ``batch``."""
-    table["kernels"] = copy.deepcopy(base)
-    for kernel, fields in patch.items():
-        if kernel not in table["kernels"]:
-            raise SystemExit(f"variant names kernel {kernel!r}, not in the table {table['device']!r}")
-        buckets = table["kernels"][kernel]["buckets"]
-        bucket = next((b for b in buckets if batch <= b["max_batch"]), buckets[-1])
-        bucket.update(fields)
+from sweep_util import apply_patch, parse_variant, stopwatch_log
 
 
 def main() -> None:
@@ -70,7 +49,7 @@ def main() -> None:
     for B in [int(b) for b in args.batches.split(",")]:
         steps, first = {}, {}
         for name, patch in variants:
-            apply(table, base, patch, B)
+            apply_patch(table, base, patch, B)
             try:
                 steps[name] = fd.decode_step(B, args.context)
                 # the first replay starts from the same random state for every variant: its

@@ -117,6 +117,27 @@ def test_kda_consecutive_steps_on_fused_views(dtype):
         torch.testing.assert_close(conv_all.float(), torch.cat(ref_conv, 1))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("shape", [
+    dict(batch=2, heads=2, head_k=16, head_v=16, rank=16),                # NV == 1
+    dict(batch=3, heads=3, head_k=16, head_v=32, block_v=8, rank=12),     # NV == 4, ragged rank
+])
+def test_kda_low_rank_gates_in_kernel(shape, dtype):
+    """``low_rank=(f_a(x)|g_a(x), f_b, g_b)``: the kernel forms f and the output gate itself —
+    the same step as passing f and gate from the projections (rounded to the working dtype)."""
+    inp = kda.make_inputs(shape, "normal", dtype, "cpu", seed=5)
+    fg_a, f_b, g_b = inp["low_rank"]
+    R = f_b.shape[1]
+    given = dict(inp, f=F.linear(fg_a[:, :R].float(), f_b.float()).to(dtype),
+                 gate=F.linear(fg_a[:, R:].float(), g_b.float()).to(dtype), low_rank=None)
+    ref = kda.fast(**given)
+    got = kda.fast(**inp)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a.float(), b.float(), **_tol(dtype))
+    with pytest.raises(ValueError, match="not both"):
+        kda.fast(**dict(inp, f=given["f"], gate=given["gate"]))
+
+
 def test_kda_trace_and_entry():
     inp = kda.make_inputs(dict(batch=2, heads=2, head_k=16, head_v=16, block_v=8), "normal",
                           torch.float32, "cpu", seed=0)
@@ -133,10 +154,13 @@ def test_kda_trace_and_entry():
 
 
 @pytest.mark.parametrize("value_class", ["large", "near_zero"])
-def test_kda_entry_noise_floor(value_class):
-    """fast within max(atol floor, k x standard's error) of the oracle (the kernel suite's rule)."""
+@pytest.mark.parametrize("rank", [0, 16])
+def test_kda_entry_noise_floor(value_class, rank):
+    """fast within max(atol floor, k x standard's error) of the oracle (the kernel suite's rule),
+    with f and gate given and formed in the kernel (rank)."""
     e = kda.kernel_entry("cpu")
-    inp = e.make_inputs(e.shapes[-2], value_class, "float16", "cpu", 7)
+    shape = next(s for s in e.shapes if s.get("block_v") and s.get("rank", 0) == rank and s["heads"] == 3)
+    inp = e.make_inputs(shape, value_class, "float16", "cpu", 7)
     fast, std, ora = e.fast(**inp), e.standard(**inp), e.oracle(**inp)
     for f_, s_, o_ in zip(fast, std, ora):
         noise = (s_.float() - o_.float()).abs().max().item()

@@ -232,6 +232,30 @@ def test_grouped_experts_small_m_crowded_expert():
         assert (out - ref).abs().max().item() < 1e-4
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_grouped_experts_slot_sum_in_the_down_kernel(dtype):
+    """``slot_sum``: the down kernel's last program per N tile writes Σ over the k slots (slot
+    order, rounded to the working dtype) — exactly what the latent up's prologue formed from the
+    per-slot outputs; unused blocks and several N tiles included; tickets re-armed."""
+    e = MOE.kernel_entry("cpu")[1]
+    for shape in (s for s in e.shapes if s.get("slot_sum")):
+        inp = e.make_inputs(shape, "normal", dtype, "cpu", 3)
+        del inp["slot_sum"]
+        for cfg in ({"BLOCK_M": 1, "BLOCK_N": 8, "BLOCK_K": 16, "BLOCK_N_DOWN": 8, "BLOCK_K_DOWN": 16},
+                    {"BLOCK_M": 2, "BLOCK_N": 16, "BLOCK_K": 32}):
+            ls = torch.full_like(inp["lat"], float("nan"))
+            per_slot = MOE.moe_experts(**inp, config=cfg, slot_sum=ls)
+            want = per_slot[:, 0].clone()
+            for j in range(1, per_slot.shape[1]):
+                want += per_slot[:, j]
+            assert torch.equal(ls, want.to(dtype)), (shape, cfg)
+            assert int(MOE._tickets(ls.device, 1).abs().sum()) == 0
+        _check(e, shape, dtype, "normal")
+    with pytest.raises(ValueError, match="at most"):
+        inp = e.make_inputs({"M": 5, "L": 48, "I": 40, "E": 6, "k": 2}, "normal", dtype, "cpu", 0)
+        MOE.moe_experts(**inp, slot_sum=torch.empty(5, 48, dtype=dtype))
+
+
 @pytest.mark.parametrize("epilogue,norm", [("none", True), ("swiglu", True), ("residual", False)])
 def test_gemv_small_m_prefetch_is_bitwise_the_same(epilogue, norm):
     """The register double buffer of W (``prefetch``) changes when tiles load, not the math;

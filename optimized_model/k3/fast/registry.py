@@ -31,7 +31,7 @@ COMPONENT_NAMES = (
 # Our Triton kernels are all named fp_* so the profiler can tell them from the standard path's.
 # Fast patterns of K's / S's kernels are added from their kernel entries (kernel_patterns).
 _FAST = {
-    "dense_gemv": [r"^fp_gemv"],
+    "dense_gemv": [r"^fp_gemv", r"^fp_l2_prefetch"],
     "moe_router": [r"^fp_moe_router"],
     "moe_experts": [r"^fp_moe_experts"],
     "shared_expert": [r"^fp_gemv"],

@@ -4,7 +4,8 @@ buffers and (on CUDA) one CUDA graph per (batch, state) — DESIGN §7, issue 4.
 Per layer (weights prepacked once at build time; every projection is an ``fp_gemv`` launch):
 
   KDA   1 gemv  [RMSNorm prologue] x → q|k|v|f_a|g_a|b        (one concatenated weight)
-        1 gemv  [f_a|g_a] → [f|g]                              (block-diagonal f_b ⊕ g_b)
+        1 gemv  [f_a|g_a] → [f|g]                              (block-diagonal f_b ⊕ g_b; or,
+                table data "kda_decode.low_rank_gates": "fused", inside KDA decode)
         1 kda_decode (fused conv, gates, L2 norm, delta rule, o-norm, output gate; kernels/kda_decode.py)
         1 gemv  o_proj + residual epilogue
   MLA   1 gemv  [RMSNorm prologue] x → q_a|kv_a|gate_proj
@@ -20,12 +21,15 @@ Per layer (weights prepacked once at build time; every projection is an ``fp_gem
         programs
         side stream (overlapped, low priority): shared expert gate|up SwiGLU gemv (norm
         prologue), down gemv with residual epilogue → x + shared
-        join (event), latent up gemv: slot-sum prologue + residual epilogue (x + shared)
+        join (event), latent up gemv: slot-sum prologue (or, table data, the sum written by
+        the experts' down kernel) + residual epilogue (x + shared)
         schedule "shared_in": "fused" (table data, batch 1): one gemv streams [latent down;
         shared gate|up] on the main stream, the router beside it on the aux stream, the shared
         down gemv (SwiGLU prologue) beside the experts on the side stream
   dense FFN (layer 0): SwiGLU gemv (norm prologue) + down gemv with residual epilogue
   head  gemv [final-norm prologue] → fp32 logits (padding columns stay -inf)
+  option (table data "l2_prefetch", sites ``L2_SITES``; none adopted on the H200, perf notes
+        run M): an L2 prefetch of an upcoming weight on its own stream (kernels/l2_prefetch.py)
 
 On CUDA the whole step is captured once per (batch, state tensors) under
 ``fastpath.trace.capturing(key)``; every replay reports ``fastpath.trace.replayed(key)``. On
@@ -44,11 +48,21 @@ from fastpath import trace
 
 from . import tuning
 from .kernels import gemv as G
+from .kernels import l2_prefetch as L2
 from .kernels import moe as MOE
 from .kernels import norm as NORM
 from .kernels import pdl as PDL
 
 _graph_ids = itertools.count()
+
+# Where the step can ask the L2 for an upcoming weight (table data "l2_prefetch": site →
+# fraction of the weight): the weight, and when the prefetch starts.
+L2_SITES = {
+    "kda_o": "KDA o_proj, after the in-projection (beside the gate projection and KDA decode)",
+    "mla_o": "MLA o_proj, after the in-projection (beside q_b, the absorbed attention, W_uv)",
+    "moe_up": "MoE latent up, when the routed experts start",
+    "next_in": "the next layer's in-projection, when the MoE latent up starts",
+}
 
 
 class _Packed:
@@ -83,8 +97,14 @@ class FastDecoder:
             self._main = torch.cuda.Stream(device=self.device, priority=-1)
             self._aux = torch.cuda.Stream(device=self.device, priority=-1)
             self._side = torch.cuda.Stream(device=self.device, priority=0)
+            # L2 prefetches (table data "l2_prefetch") get their own stream: one on the side
+            # stream would also wait for the shared expert queued there
+            self._pf = torch.cuda.Stream(device=self.device, priority=0)
+            self._pf_fork, self._pf_join = torch.cuda.Event(), torch.cuda.Event()
         else:
-            self._main = self._aux = self._side = None
+            self._main = self._aux = self._side = self._pf = None
+        self._pf_plan: dict = {}
+        self._pf_pending = False
         self._mempool = None
         self.layers = [self._pack(i) for i in range(cfg.n_layers)]
         self.w_embed = model.w["embed"]
@@ -110,6 +130,7 @@ class FastDecoder:
             bd[:d, :r] = W("f_b")
             bd[d:, r:] = W("g_b")
             p.w_fg = bd
+            p.f_b, p.g_b = W("f_b"), W("g_b")  # the same weights for KDA decode's fused gates
             conv = W("conv")
             p.conv_w = (conv[:d], conv[d:2 * d], conv[2 * d:])
             p.A_log, p.dt_bias, p.o_norm, p.o_proj = W("A_log"), W("dt_bias"), W("o_norm"), W("o_proj")
@@ -160,6 +181,7 @@ class FastDecoder:
             "rw": e(B, cfg.top_k, dtype=torch.float32),
             "eh": e(B * cfg.top_k, cfg.expert_inter),
             "eo": e(B, cfg.top_k, cfg.moe_latent, dtype=torch.float32),
+            "lat_sum": e(B, cfg.moe_latent),  # Σ over the slots, when the down kernel forms it
             "router_scratch": MOE.RouterScratch(B, cfg.n_experts, dev),
             "align": MOE.MoeAlign(B, cfg.top_k, cfg.n_experts,
                                   MOE.experts_block_m(B, tuning.lookup("moe_experts", B, device=dev)), dev),
@@ -210,9 +232,44 @@ class FastDecoder:
     def _step(self, bufs: dict, state: Any) -> torch.Tensor:
         """The whole decode step on static buffers (capturable: no host sync, no allocation
         that changes between calls)."""
-        mode = self._use_pdl(bufs["tokens"].shape[0])
+        B = bufs["tokens"].shape[0]
+        mode = self._use_pdl(B)
+        self._pf_plan, self._pf_pending = self._l2_prefetch_plan(B), False
         with PDL.scope(mode != "off"):
-            return self._layers_and_head(bufs, state, moe_pdl=mode == "all")
+            logits = self._layers_and_head(bufs, state, moe_pdl=mode == "all")
+        if self._pf_pending:  # a capture must end with every stream joined back
+            self._pf_join.record(self._pf)
+            torch.cuda.current_stream(self.device).wait_event(self._pf_join)
+        return logits
+
+    def _l2_prefetch_plan(self, B: int) -> dict:
+        """Table data "l2_prefetch" for batch B: {site: fraction of the weight, "chunk": bytes
+        per prefetch, "per_program": prefetches per program}; none on CPU (no PTX) or where the
+        table has no entry."""
+        if not self.on_cuda or "l2_prefetch" not in tuning.table_for(self.device)["kernels"]:
+            return {}
+        plan = tuning.entry("l2_prefetch", B, device=self.device)
+        unknown = set(plan) - {"max_batch", "note", "chunk", "per_program", *L2_SITES}
+        if unknown:
+            raise ValueError(f"tuning table: l2_prefetch has unknown fields {sorted(unknown)}; "
+                             f"sites are {list(L2_SITES)}")
+        return plan
+
+    def _l2_prefetch(self, site: str, i: int, B: int, w) -> None:
+        """Ask the L2 for (the table's fraction of) weight ``w`` on the prefetch stream, starting
+        once the main stream's work so far is done — so it runs beside what the main stream
+        does next. Nothing to wait for: the step joins the stream at its end."""
+        frac = float(self._pf_plan.get(site, 0.0))
+        if frac <= 0.0:
+            return
+        main = torch.cuda.current_stream(self.device)
+        self._pf_fork.record(main)
+        with torch.cuda.stream(self._pf):
+            self._pf.wait_event(self._pf_fork)
+            n = L2.l2_prefetch(w, frac, chunk=int(self._pf_plan.get("chunk", 16384)),
+                               per_program=int(self._pf_plan.get("per_program", 32)))
+        self._pf_pending = True
+        trace.engaged("dense_gemv", "l2_prefetch", layer=i, site=site, batch=B, bytes=n)
 
     def _layers_and_head(self, bufs: dict, state: Any, moe_pdl: bool) -> torch.Tensor:
         cfg = self.cfg
@@ -248,19 +305,29 @@ class FastDecoder:
         n_in = p.w_in.shape[0]
         proj = bufs["proj"][:, :n_in]
         c = self._gemv(f"L{i}.in", x, p.w_in, proj, norm_weight=p.attn_norm)
+        self._l2_prefetch("kda_o", i, B, p.o_proj)
         col = lambda k: proj[:, p.cols[k][0]: p.cols[k][1]]  # noqa: E731
-        fg = bufs["fg"]
-        self._gemv(f"L{i}.fg", col("fg"), p.w_fg, fg)
         d = cfg.kda_dim
+        kcfg = tuning.entry("kda_decode", B, device=self.device)
+        gates = kcfg.get("low_rank_gates", "gemv")
+        if gates == "fused":  # KDA decode forms f and the output gate from f_a(x), g_a(x) itself
+            f = gate = None
+            low_rank = (col("fg"), p.f_b, p.g_b)
+        elif gates == "gemv":  # [f_a(x) | g_a(x)] → [f | gate] by one block-diagonal gemv first
+            fg = bufs["fg"]
+            self._gemv(f"L{i}.fg", col("fg"), p.w_fg, fg)
+            f, gate, low_rank = fg[:, :d], fg[:, d:], None
+        else:
+            raise ValueError(f"tuning table: kda_decode.low_rank_gates {gates!r}; expected 'fused' or 'gemv'")
         conv = state.conv[p.slot]
         o = bufs["o"][:, :d]
-        kcfg = tuning.entry("kda_decode", B, device=self.device)
-        kda_decode(col("q"), col("k"), col("v"), fg[:, :d], col("b"), fg[:, d:],
+        kda_decode(col("q"), col("k"), col("v"), f, col("b"), gate,
                    conv[:, :d], conv[:, d:2 * d], conv[:, 2 * d:], *p.conv_w,
                    p.A_log, p.dt_bias, state.kda[p.slot], p.o_norm,
                    num_heads=cfg.kda_heads, head_k=cfg.kda_head_dim, head_v=cfg.kda_head_dim,
                    eps_l2=1e-6, eps_norm=cfg.norm_eps, lower_bound=cfg.kda_lower_bound, out=o,
-                   block_v=int(kcfg.get("BLOCK_V", 0)) or None, num_warps=int(kcfg.get("num_warps", 0)) or None)
+                   block_v=int(kcfg.get("BLOCK_V", 0)) or None, num_warps=int(kcfg.get("num_warps", 0)) or None,
+                   low_rank=low_rank, early_weights=bool(kcfg.get("early_weights", 0)))
         self._gemv(f"L{i}.o", o, p.o_proj, x_out, epilogue="residual", residual=x)
         trace.engaged("dense_gemv", G.variant_name(B, c), layer=i, op="kda_in", batch=B, N=n_in, K=cfg.hidden)
         trace.engaged("norm_residual", "fused_gemv_prologue_epilogue", layer=i, batch=B)
@@ -274,6 +341,7 @@ class FastDecoder:
         n_in = p.w_in.shape[0]
         proj = bufs["proj"][:, :n_in]
         c = self._gemv(f"L{i}.in", x, p.w_in, proj, norm_weight=p.attn_norm)
+        self._l2_prefetch("mla_o", i, B, p.o_proj)
         col = lambda k: proj[:, p.cols[k][0]: p.cols[k][1]]  # noqa: E731
         q = bufs["q"]
         self._gemv(f"L{i}.q_b", col("q_a"), p.q_b, q, norm_weight=p.q_a_norm)
@@ -288,7 +356,9 @@ class FastDecoder:
         mla_decode(q_lat, cache, state.lengths, scale=nope ** -0.5, length_offset=1,
                    max_len=cache.shape[1], out=o_lat, block_h=int(mcfg.get("BLOCK_H", 16)),
                    layout=mcfg.get("layout", "head_major"), block_t=mcfg.get("BLOCK_T"),
-                   num_warps=mcfg.get("num_warps"))
+                   num_warps=mcfg.get("num_warps"), min_chunk=int(mcfg.get("min_chunk", 128)),
+                   max_splits=int(mcfg.get("max_splits", 128)),
+                   combine_programs_per_head=int(mcfg.get("combine_programs_per_head", 1)))
         o = bufs["o"][:, : H * v]
         w_uv = p.kv_b[nope: nope + v]  # head 0's W_uv rows; head h at + h * (nope + v) * C
         G.gemv(o_lat[:, 0], w_uv, out=o[:, :v], epilogue="sigmoid_gate", gate=col("gate")[:, :v],
@@ -317,8 +387,12 @@ class FastDecoder:
         # each schedule runs the router, the experts and the shared expert (x + shared → xs)
         run = self._moe_fused_in if fused_in else self._moe_separate
         router_variant, experts_variant, c_sh, overlap = run(i, p, bufs, x, xs, sched)
-        # x + routed + shared: slot-sum prologue over the experts' outputs, residual x + shared
-        self._gemv(f"L{i}.up", bufs["eo"], p.moe_up, x_out, epilogue="residual", residual=xs)
+        if i + 1 < cfg.n_layers:
+            self._l2_prefetch("next_in", i, B, self.layers[i + 1].w_in)
+        # x + routed + shared, residual x + shared; the routed sum over the slots is the experts'
+        # down kernel's (table data) or this gemv's prologue over the per-slot outputs
+        routed = bufs["lat_sum"] if self._slot_sum_in_down(B) else bufs["eo"]
+        self._gemv(f"L{i}.up", routed, p.moe_up, x_out, epilogue="residual", residual=xs)
         trace.engaged("moe_router", router_variant, layer=i, batch=B, experts=cfg.n_experts, top_k=cfg.top_k)
         trace.engaged("moe_experts", experts_variant, layer=i, batch=B, experts=cfg.n_experts,
                       top_k=cfg.top_k, latent=cfg.moe_latent, inter=cfg.expert_inter)
@@ -341,13 +415,26 @@ class FastDecoder:
             MOE.moe_align(bufs["ids"], cfg.n_experts, bufs["align"].block_m, align=bufs["align"])
         return "triton_parallel_topk_align" if fused_align else "triton_parallel_topk+align_launch"
 
-    def _experts(self, p, bufs, lat) -> str:
+    def _experts(self, i, p, bufs, lat) -> str:
         """The routed experts over the grouping; returns the trace variant."""
         B = lat.shape[0]
+        self._l2_prefetch("moe_up", i, B, p.moe_up)
         ecfg = tuning.lookup("moe_experts", B, device=self.device)
+        in_down = self._slot_sum_in_down(B)
         MOE.moe_experts(lat, bufs["ids"], bufs["rw"], p.ew13, p.ew2, h_buf=bufs["eh"], out=bufs["eo"],
-                        config=ecfg, align=bufs["align"])
-        return MOE.variant_name(B, ecfg)
+                        config=ecfg, align=bufs["align"], slot_sum=bufs["lat_sum"] if in_down else None)
+        return MOE.variant_name(B, ecfg) + ("_slot_sum" if in_down else "")
+
+    def _slot_sum_in_down(self, B: int) -> bool:
+        """Table data "moe_experts.slot_sum": "down" (the experts' down kernel writes the sum over
+        the slots; batch ≤ MOE.MAX_SLOT_SUM_TOKENS) or "latent_up" (the latent up's prologue)."""
+        where = tuning.entry("moe_experts", B, device=self.device).get("slot_sum", "latent_up")
+        if where not in ("down", "latent_up"):
+            raise ValueError(f"tuning table: moe_experts.slot_sum {where!r}; expected 'down' or 'latent_up'")
+        if where == "down" and B > MOE.MAX_SLOT_SUM_TOKENS:
+            raise ValueError(f"tuning table: moe_experts.slot_sum 'down' at batch {B}; the down kernel "
+                             f"sums the slots for at most {MOE.MAX_SLOT_SUM_TOKENS} tokens")
+        return where == "down"
 
     def _moe_separate(self, i, p, bufs, x, xs, sched) -> tuple[str, str, dict, str]:
         """The routed chain (router -> latent down -> experts) is the step's critical path: it is
@@ -373,7 +460,7 @@ class FastDecoder:
             main.wait_event(aux_done)
         else:
             self._gemv(f"L{i}.down", x, p.moe_down, lat, norm_weight=p.ffn_norm)
-        experts = self._experts(p, bufs, lat)
+        experts = self._experts(i, p, bufs, lat)
 
         def shared():
             c = self._gemv(f"L{i}.sw13", x, p.sw13, bufs["sh_h"], epilogue="swiglu", norm_weight=p.ffn_norm)
@@ -417,14 +504,14 @@ class FastDecoder:
 
         if not self.on_cuda:
             shared_down()
-            return router, self._experts(p, bufs, lat), c, "sequential"
+            return router, self._experts(i, p, bufs, lat), c, "sequential"
         wide_done.record(main)
         with torch.cuda.stream(self._side):
             self._side.wait_event(wide_done)
             shared_down()
             join.record(self._side)
         main.wait_event(routed)
-        experts = self._experts(p, bufs, lat)
+        experts = self._experts(i, p, bufs, lat)
         main.wait_event(join)
         return router, experts, c, "side_stream"
 

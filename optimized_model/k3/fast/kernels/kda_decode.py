@@ -38,6 +38,9 @@ Layouts (all tensors on one device; "row stride" = any stride of dim 0, inner di
 * ``conv_wq, conv_wk``: [H*K, W]; ``conv_wv``: [H*V, W] (depthwise weights, no bias).
 * ``A_log``: [H]; ``dt_bias``: [H*K]; ``norm_weight``: [V] (shared by heads).
 * ``state``: fp32 [B, H, K, V] (fla's K-first layout), updated in place.
+* or, instead of ``f`` and ``gate`` (``low_rank``): ``fg_a`` [B, 2R] = [f_a(x) | g_a(x)] and the
+  weights ``f_b`` [H*K, R], ``g_b`` [H*V, R]; each program forms its head's f and its tile's
+  gate (rounded to the working dtype, as the projections' outputs are).
 * returns ``out`` [B, H*V] in the dtype of ``v`` (ready for o_proj).
 
 Only H == HV (no grouped-value heads).
@@ -102,10 +105,13 @@ def kda_decode_fused_kernel(
     wq, wk, wv, swq_c, swq_j, swk_c, swk_j, swv_c, swv_j,
     A_log, dt_bias, S, sS_b, sS_h, sS_k, sS_v,
     norm_w, out, sout, o_ws, counter,
+    FA, sfa, FB, sfb, GB, sgb, g_ws,
     scale, eps_l2, eps_norm, lower_bound,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, NV: tl.constexpr,
-    W: tl.constexpr, SL: tl.constexpr, SLP: tl.constexpr, PDL: tl.constexpr,
+    W: tl.constexpr, SL: tl.constexpr, SLP: tl.constexpr,
+    LOWRANK: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, EARLY_W: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -121,10 +127,23 @@ def kda_decode_fused_kernel(
     pck = ck + b * sck_b
     pcv = cv + b * scv_b
 
-    # Nothing is loaded before the wait: loading the state tile early (under PDL only) made the
-    # compiler order the delta rule's arithmetic differently, and the step's numbers then
-    # depended on the launch mode (perf notes, run L); this way PDL changes only the timing.
+    if LOWRANK:
+        # the low-rank gate projections' second halves: this head's f_b rows (K channels) and
+        # this tile's g_b rows (V channels); a separate gemv launch before this kernel cost
+        # ~4.6 us per KDA layer at batch 1 (perf notes, run M). Weights are never written, so
+        # with EARLY_W they load before the wait (under PDL, while the in-projection ends).
+        rr = tl.arange(0, RP)
+        mr = rr < R
+        if EARLY_W:
+            w_f = tl.load(FB + chan_k[:, None] * sfb + rr[None, :], mask=mk[:, None] & mr[None, :], other=0.0)
+            w_g = tl.load(GB + chan_v[:, None] * sgb + rr[None, :], mask=mv[:, None] & mr[None, :], other=0.0)
+    # Nothing else is loaded before the wait: loading the state tile early (under PDL only) made
+    # the compiler order the delta rule's arithmetic differently, and the step's numbers then
+    # depended on the launch mode (perf notes, run L); scripts/ptx_diff.py --pdl checks it.
     pdl_enter(PDL)
+    if LOWRANK and not EARLY_W:
+        w_f = tl.load(FB + chan_k[:, None] * sfb + rr[None, :], mask=mk[:, None] & mr[None, :], other=0.0)
+        w_g = tl.load(GB + chan_v[:, None] * sgb + rr[None, :], mask=mv[:, None] & mr[None, :], other=0.0)
 
     # 1-2. conv + SiLU (+ the shifted conv states, kept in registers), L2 norm of q and k
     q, new_q = _conv_silu(xq + b * sxq, pcq, scq_c, scq_j, wq, swq_c, swq_j, chan_k, mk, W, SL, SLP)
@@ -134,7 +153,15 @@ def kda_decode_fused_kernel(
     k = k / tl.sqrt(tl.sum(k * k, 0) + eps_l2)
 
     # 3. gate and beta
-    f = tl.load(xf + b * sxf + chan_k, mask=mk, other=0.0).to(tl.float32)
+    if LOWRANK:
+        # f = f_a(x) f_bᵀ, gate = g_a(x) g_bᵀ, rounded to the working dtype like the standard
+        # path's projection outputs (FA = [f_a(x) | g_a(x)], written by the in-projection)
+        a_f = tl.load(FA + b * sfa + rr, mask=mr, other=0.0).to(tl.float32)
+        a_g = tl.load(FA + b * sfa + R + rr, mask=mr, other=0.0).to(tl.float32)
+        f = tl.sum(w_f.to(tl.float32) * a_f[None, :], 1).to(FA.dtype.element_ty).to(tl.float32)
+        gate_v = tl.sum(w_g.to(tl.float32) * a_g[None, :], 1).to(FA.dtype.element_ty).to(tl.float32)
+    else:
+        f = tl.load(xf + b * sxf + chan_k, mask=mk, other=0.0).to(tl.float32)
     f += tl.load(dt_bias + chan_k, mask=mk, other=0.0).to(tl.float32)
     a = tl.exp(tl.load(A_log + h).to(tl.float32))
     g = lower_bound * tl.sigmoid(a * f)
@@ -152,6 +179,8 @@ def kda_decode_fused_kernel(
     row = (b * H + h) * V
     if NV > 1:
         tl.store(o_ws + row + ov, o, mask=mv)
+        if LOWRANK:  # the last program gates the whole row
+            tl.store(g_ws + row + ov, gate_v, mask=mv)
     # every load of this CTA is done and its o tile is stored before any in-place store below
     # and before the counter's release
     tl.debug_barrier()
@@ -165,7 +194,10 @@ def kda_decode_fused_kernel(
         o = tl.where(mv, o, 0.0)
         rstd = 1.0 / tl.sqrt(tl.sum(o * o, 0) / V + eps_norm)
         y = o * rstd * tl.load(norm_w + ov, mask=mv, other=0.0).to(tl.float32)
-        gt = tl.load(xg + b * sxg + chan_v, mask=mv, other=0.0).to(tl.float32)
+        if LOWRANK:
+            gt = gate_v
+        else:
+            gt = tl.load(xg + b * sxg + chan_v, mask=mv, other=0.0).to(tl.float32)
         y = y * tl.sigmoid(gt)
         tl.store(out + b * sout + chan_v, y.to(out.dtype.element_ty), mask=mv)
     else:
@@ -179,7 +211,10 @@ def kda_decode_fused_kernel(
             oo = tl.load(o_ws + row + of, mask=mf, other=0.0, cache_modifier=".cg")
             rstd = 1.0 / tl.sqrt(tl.sum(oo * oo, 0) / V + eps_norm)
             y = oo * rstd * tl.load(norm_w + of, mask=mf, other=0.0).to(tl.float32)
-            gt = tl.load(xg + b * sxg + h * V + of, mask=mf, other=0.0).to(tl.float32)
+            if LOWRANK:
+                gt = tl.load(g_ws + row + of, mask=mf, other=0.0, cache_modifier=".cg")
+            else:
+                gt = tl.load(xg + b * sxg + h * V + of, mask=mf, other=0.0).to(tl.float32)
             y = y * tl.sigmoid(gt)
             tl.store(out + b * sout + h * V + of, y.to(out.dtype.element_ty), mask=mf)
             tl.atomic_xchg(counter + b * H + h, 0)
@@ -222,21 +257,39 @@ def _sm_count(device: torch.device) -> int | None:
 
 
 def kda_decode(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: torch.Tensor, b: torch.Tensor,
-    gate: torch.Tensor,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: torch.Tensor | None, b: torch.Tensor,
+    gate: torch.Tensor | None,
     conv_q: torch.Tensor, conv_k: torch.Tensor, conv_v: torch.Tensor,
     conv_wq: torch.Tensor, conv_wk: torch.Tensor, conv_wv: torch.Tensor,
     A_log: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor, norm_weight: torch.Tensor,
     *, num_heads: int, head_k: int, head_v: int, scale: float | None = None,
     eps_l2: float = 1e-6, eps_norm: float = 1e-6, lower_bound: float = LOWER_BOUND,
     block_v: int | None = None, num_warps: int | None = None, out: torch.Tensor | None = None,
+    low_rank: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    early_weights: bool = False,
 ) -> torch.Tensor:
     """One fused KDA decode step (layouts in the module docstring). Updates ``conv_q``,
-    ``conv_k``, ``conv_v`` and ``state`` in place and returns ``out`` [B, H*V]."""
+    ``conv_k``, ``conv_v`` and ``state`` in place and returns ``out`` [B, H*V].
+
+    ``low_rank = (fg_a, f_b, g_b)``: the kernel forms ``f`` and ``gate`` itself (pass them as
+    None) from ``fg_a`` [B, 2R] = [f_a(x) | g_a(x)] and the weights ``f_b`` [H*K, R], ``g_b``
+    [H*V, R] — one launch fewer per layer; ``early_weights``: their weights load before the
+    programmatic-launch wait."""
     B = q.shape[0]
     H, K, V = num_heads, head_k, head_v
     assert state.dtype == torch.float32 and tuple(state.shape) == (B, H, K, V), state.shape
-    for t, n in ((q, H * K), (k, H * K), (v, H * V), (f, H * K), (gate, H * V), (b, H)):
+    R = 0
+    if low_rank is not None:
+        if f is not None or gate is not None:
+            raise ValueError("kda_decode: pass f and gate, or low_rank, not both")
+        fg_a, f_b, g_b = low_rank
+        R = f_b.shape[1]
+        assert fg_a.shape == (B, 2 * R) and fg_a.stride(-1) == 1, fg_a.shape
+        assert f_b.shape == (H * K, R) and g_b.shape == (H * V, R), (f_b.shape, g_b.shape)
+        assert f_b.stride(1) == 1 and g_b.stride(1) == 1
+        f = gate = fg_a  # not read
+    for t, n in ((q, H * K), (k, H * K), (v, H * V), (b, H)) + (
+            () if low_rank else ((f, H * K), (gate, H * V))):
         assert t.shape == (B, n) and t.stride(-1) == 1, (t.shape, n)
     W = conv_wq.shape[-1]
     SL = conv_q.shape[-1]
@@ -254,7 +307,10 @@ def kda_decode(
         counter = _counter(v.device, B * H)
     else:
         o_ws = counter = state  # unused
-    trace.engaged(COMPONENT, "triton_fused", batch=B, heads=H, head_k=K, head_v=V, block_v=BV)
+    g_ws = torch.empty_like(o_ws) if low_rank is not None and NV > 1 else o_ws
+    fg_a, f_b, g_b = low_rank if low_rank is not None else (v, v, v)  # unused without low_rank
+    trace.engaged(COMPONENT, "triton_fused_low_rank" if low_rank is not None else "triton_fused",
+                  batch=B, heads=H, head_k=K, head_v=V, block_v=BV)
     kda_decode_fused_kernel[(B, H, NV)](
         q, k, v, f, b, gate, q.stride(0), k.stride(0), v.stride(0), f.stride(0), b.stride(0),
         gate.stride(0),
@@ -262,9 +318,12 @@ def kda_decode(
         conv_wq, conv_wk, conv_wv, *conv_wq.stride(), *conv_wk.stride(), *conv_wv.stride(),
         A_log, dt_bias, state, *state.stride(),
         norm_weight, out, out.stride(0), o_ws, counter,
+        fg_a, fg_a.stride(0), f_b, f_b.stride(0), g_b, g_b.stride(0), g_ws,
         float(scale), float(eps_l2), float(eps_norm), float(lower_bound),
         H=H, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, BVF=triton.next_power_of_2(V),
         NV=NV, W=W, SL=SL, SLP=triton.next_power_of_2(SL),
+        LOWRANK=low_rank is not None, R=R, RP=triton.next_power_of_2(max(R, 1)),
+        EARLY_W=bool(early_weights) and low_rank is not None,
         num_warps=num_warps or (4 if BV * triton.next_power_of_2(K) <= 8192 else 8),
         **pdl.launch_args(),
     )
@@ -286,6 +345,17 @@ def _conv_step_torch(x, st, w, dtype):
     return torch.nn.functional.silu(y).to(dtype), new
 
 
+def _gate_inputs(inputs: dict, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(f, gate) in ``dtype``: given, or formed from the low-rank inputs like the standard
+    path's projections (``F.linear`` in ``dtype``; fp32 for the oracle)."""
+    if inputs.get("low_rank") is None:
+        return inputs["f"].to(dtype), inputs["gate"].to(dtype)
+    fg_a, f_b, g_b = (t.to(dtype) for t in inputs["low_rank"])
+    R = f_b.shape[1]
+    lin = torch.nn.functional.linear
+    return lin(fg_a[:, :R], f_b), lin(fg_a[:, R:], g_b)
+
+
 def _reference(inputs: dict, *, dtype: torch.dtype, use_fla: bool) -> tuple:
     from fla.ops.kda.naive import naive_recurrent_kda
 
@@ -297,7 +367,8 @@ def _reference(inputs: dict, *, dtype: torch.dtype, use_fla: bool) -> tuple:
     k, ck = _conv_step_torch(inputs["k"], inputs["conv_k"], inputs["conv_wk"], dtype)
     v, cv = _conv_step_torch(inputs["v"], inputs["conv_v"], inputs["conv_wv"], dtype)
     q, k, v = q.view(B, 1, H, K), k.view(B, 1, H, K), v.view(B, 1, H, V)
-    f = inputs["f"].to(dtype).view(B, 1, H, K)
+    f, gate = _gate_inputs(inputs, dtype)
+    f = f.view(B, 1, H, K)
     braw = inputs["b"].to(dtype).view(B, 1, H)
     S0 = inputs["state"].float()
     if use_fla:  # the standard path's GPU kernel: fla fused_recurrent_kda with the gate in-kernel
@@ -321,7 +392,7 @@ def _reference(inputs: dict, *, dtype: torch.dtype, use_fla: bool) -> tuple:
     of = o.float() if dtype == torch.float32 else o
     rstd = torch.rsqrt(of.float().pow(2).mean(-1, keepdim=True) + eps_norm)
     y = (of.float() * rstd).to(dtype) * inputs["norm_weight"].to(dtype)
-    y = y * torch.sigmoid(inputs["gate"].to(dtype).view(B, H, V))
+    y = y * torch.sigmoid(gate.view(B, H, V))
     return y.reshape(B, H * V), S, cq, ck, cv
 
 
@@ -346,9 +417,9 @@ def fast(**inputs) -> tuple:
     args = dict(inputs)
     for key in _STATE_KEYS:
         args[key] = inputs[key].clone()
-    pos = [args.pop(n) for n in ("q", "k", "v", "f", "b", "gate", "conv_q", "conv_k", "conv_v",
-                                 "conv_wq", "conv_wk", "conv_wv", "A_log", "dt_bias", "state",
-                                 "norm_weight")]
+    pos = [args.pop(n, None) for n in ("q", "k", "v", "f", "b", "gate", "conv_q", "conv_k", "conv_v",
+                                       "conv_wq", "conv_wk", "conv_wv", "A_log", "dt_bias", "state",
+                                       "norm_weight")]
     out = kda_decode(*pos, **args)
     return out, pos[14], pos[6], pos[7], pos[8]
 
@@ -382,6 +453,10 @@ def make_inputs(shape: dict, value_class: str = "normal", dtype: Any = torch.flo
     )
     if shape.get("block_v"):
         inp["block_v"] = shape["block_v"]
+    if shape.get("rank"):  # f and gate from the low-rank projections, inside the kernel
+        R = shape["rank"]
+        del inp["f"], inp["gate"]
+        inp["low_rank"] = (r(B, 2 * R, a=amp), r(H * K, R, a=R ** -0.5), r(H * V, R, a=R ** -0.5))
     return inp
 
 
@@ -395,12 +470,17 @@ def kernel_entry(device: Any = None) -> KernelSpec:
                    dict(batch=32, heads=32, head_k=128, head_v=128, block_v=32),  # H200 table, batch 32-64
                    dict(batch=64, heads=32, head_k=128, head_v=128, block_v=32),
                    dict(batch=64, heads=32, head_k=128, head_v=128, block_v=64),
-                   dict(batch=7, heads=3, head_k=96, head_v=80)]
+                   dict(batch=7, heads=3, head_k=96, head_v=80),
+                   # the fused low-rank gates (H200 table, batch 1), also with one V tile
+                   dict(batch=1, rank=128, block_v=32, **hk), dict(batch=4, rank=128, block_v=128, **hk),
+                   dict(batch=3, heads=3, head_k=96, head_v=80, rank=96)]
     else:  # Triton interpreter: small heads
         hk = dict(heads=2, head_k=16, head_v=16)
         shapes = [dict(batch=bs, **hk) for bs in (1, 2, 4, 8, 16, 32, 64)]
         shapes += [dict(batch=3, heads=3, head_k=16, head_v=32, block_v=16),
-                   dict(batch=2, heads=2, head_k=12, head_v=20, conv_len=4, block_v=8)]
+                   dict(batch=2, heads=2, head_k=12, head_v=20, conv_len=4, block_v=8),
+                   dict(batch=1, rank=16, block_v=8, **hk), dict(batch=2, rank=12, **hk),
+                   dict(batch=3, heads=3, head_k=16, head_v=32, block_v=16, rank=16)]
     return KernelSpec(
         name="kda_decode", component=COMPONENT, fast=fast, standard=standard, oracle=oracle,
         make_inputs=make_inputs, shapes=shapes, value_classes=["normal", "large", "near_zero"],

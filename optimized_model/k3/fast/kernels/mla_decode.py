@@ -20,8 +20,8 @@ Kernels:
   dimension (scoresᵀ = c qᵀ [BT, BH], outᵀ += cᵀ pᵀ [D, BH]): with K3-mini's 32 heads the
   head-major dots have M = 32, too small for Hopper's warpgroup MMA; on the H200 this layout
   reads the latent cache at 2.8 TB/s vs 1.7 (scripts/gpu_attn_sweep.py, batch 64 x 32k);
-* ``mla_decode_combine_kernel``, grid (B, H): merges the NS partials with weights
-  exp(lse_s - max lse).
+* ``mla_decode_combine_kernel``, grid (B, H, programs per head): merges the NS partials with
+  weights exp(lse_s - max lse).
 
 The split count NS (``choose_splits``) comes from the batch, the head blocks and the context
 bound so that long contexts fill the GPU (~4 waves of programs) while each split keeps >= 128
@@ -187,10 +187,14 @@ def mla_decode_split_kvmajor_kernel(
 @triton.jit
 def mla_decode_combine_kernel(
     o_part, lse_part, out, so_b, so_h, NS,
-    H: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BDC: tl.constexpr, PDL: tl.constexpr,
+    H: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BDC: tl.constexpr, CHUNKS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    """Grid (B, H, D / (CHUNKS * BDC)): each program merges CHUNKS chunks of BDC channels
+    (the split weights are recomputed by each program; the sum per channel is the same)."""
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
+    d_base = tl.program_id(2) * (CHUNKS * BDC)
     pdl_enter(PDL)
     os_ = tl.arange(0, BS)
     ms = os_ < NS
@@ -200,8 +204,8 @@ def mla_decode_combine_kernel(
     w = tl.where(lse == float("-inf"), 0.0, tl.exp(lse - mx))
     den = tl.sum(w, 0)
     w = w / tl.where(den > 0, den, 1.0)
-    for d0 in tl.static_range(0, D, BDC):
-        od = d0 + tl.arange(0, BDC)
+    for c in tl.static_range(CHUNKS):
+        od = d_base + c * BDC + tl.arange(0, BDC)
         md = od < D
         part = tl.load(o_part + ((b * NS + os_[:, None]) * H + h) * D + od[None, :],
                        mask=ms[:, None] & md[None, :], other=0.0)
@@ -235,14 +239,17 @@ def mla_decode(
     length_offset: int = 0, max_len: int | None = None, num_splits: int | None = None,
     block_t: int | None = None, block_h: int = 16, layout: str = "head_major",
     num_warps: int | None = None, num_stages: int = 2, out: torch.Tensor | None = None,
+    min_chunk: int = 128, max_splits: int = 128, combine_programs_per_head: int = 1,
 ) -> torch.Tensor:
     """Absorbed MLA decode attention (layouts in the module docstring).
 
     Attends to positions ``t < lengths[b] + length_offset`` (K3's DecodeState: the step writes its
     latent at ``lengths[b]`` then attends with ``length_offset=1``). ``max_len`` bounds
     ``lengths + length_offset`` (default: the cache capacity); it and the batch choose the split
-    count unless ``num_splits`` is given. ``layout`` picks the split kernel: "head_major"
-    (heads as the MMA's M) or "kv_major" (positions as M; ``mla_decode_split_kvmajor_kernel``).
+    count unless ``num_splits`` is given (each split ≥ ``min_chunk`` positions, at most
+    ``max_splits`` splits). ``layout`` picks the split kernel: "head_major" (heads as the MMA's
+    M) or "kv_major" (positions as M; ``mla_decode_split_kvmajor_kernel``). The combine runs
+    ``combine_programs_per_head`` programs per (sequence, head), each over a slice of D.
     Returns out [B, H, D] (q's dtype).
     """
     if layout not in LAYOUTS:
@@ -256,7 +263,8 @@ def mla_decode(
     BD = triton.next_power_of_2(D)
     kv_major = layout == "kv_major"
     BT = block_t or (64 if kv_major or BD < 256 else 32)
-    NS = num_splits or choose_splits(B, HB, T, _sm_count(q.device))
+    NS = num_splits or choose_splits(B, HB, T, _sm_count(q.device), min_chunk=min_chunk,
+                                     max_splits=max_splits)
     split_len = triton.next_power_of_2(triton.cdiv(triton.cdiv(max(T, 1), NS), BT)) * BT
     if kv_major:
         # at least two tiles per split: with one (a loop of one trip) the kv-major kernel gave
@@ -284,9 +292,15 @@ def mla_decode(
         **pdl.launch_args(),
     )
     if NS > 1:
-        mla_decode_combine_kernel[(B, H)](
+        BDC = min(BD, 128)
+        n_chunks = triton.cdiv(D, BDC)
+        per_head = max(1, min(int(combine_programs_per_head), n_chunks))
+        if n_chunks % per_head:
+            raise ValueError(f"mla_decode: combine_programs_per_head {per_head} must divide the "
+                             f"{n_chunks} chunks of {BDC} channels")
+        mla_decode_combine_kernel[(B, H, per_head)](
             o_part, lse_part, out, out.stride(0), out.stride(1), NS,
-            H=H, D=D, BS=max(2, triton.next_power_of_2(NS)), BDC=min(BD, 128),
+            H=H, D=D, BS=max(2, triton.next_power_of_2(NS)), BDC=BDC, CHUNKS=n_chunks // per_head,
             num_warps=4 if NS <= 32 else 8, **pdl.launch_args(),
         )
     return out

@@ -20,7 +20,9 @@
   up:   h[pair] = silu(lat[tok] Wg[e]ᵀ) · (lat[tok] Wu[e]ᵀ)          (W13[e] = [gate; up])
   down: o[pair] = round(h[pair] W2[e]ᵀ) · weight[pair]   (fp32 [M, k, latent])
   The sum over the k slots happens in the prologue of the latent up-projection gemv
-  (kernels/gemv.py, x of shape [M, k, latent]) — deterministic, no atomics.
+  (kernels/gemv.py, x of shape [M, k, latent]) — deterministic, no atomics; or, for a few
+  tokens (``slot_sum``, table data), in the down kernel: the last program of each N tile
+  (atomic ticket) adds the slots in the same order and writes the row in the working dtype.
 
 Loop bounds are compile-time constants (Triton 3.6's interpreter cannot range over runtime
 values); the row loop of the small-M form is unrolled (BLOCK_M is a constexpr).
@@ -238,21 +240,23 @@ def fp_moe_experts_up_kernel(LAT, SORTED, BEXP, BROWS, W13, H, stride_lm, stride
 
 
 @triton.jit
-def fp_moe_experts_down_kernel(Hb, SORTED, BEXP, BROWS, RWT, W2, O, stride_hp, stride_we, stride_wn, stride_op,
+def fp_moe_experts_down_kernel(Hb, SORTED, BEXP, BROWS, RWT, W2, O, LS, CNT,
+                               stride_hp, stride_we, stride_wn, stride_op, stride_ls,
                                L: tl.constexpr, I: tl.constexpr,
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                               USE_DOT: tl.constexpr, PDL: tl.constexpr):
+                               USE_DOT: tl.constexpr, SUM_TOKENS: tl.constexpr, TOPK: tl.constexpr,
+                               PDL: tl.constexpr):
     blk = tl.program_id(0)
     pid_n = tl.program_id(1)
     pdl_enter(PDL)
     e = tl.load(BEXP + blk)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rn < L
     if e >= 0:
         rows = tl.load(BROWS + blk)
         rm = tl.arange(0, BLOCK_M)
         m_ok = rm < rows
         pair = tl.load(SORTED + blk * BLOCK_M + rm, mask=m_ok, other=0)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = rn < L
         rk = tl.arange(0, BLOCK_K)
         wbase = W2 + e.to(tl.int64) * stride_we
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -275,6 +279,21 @@ def fp_moe_experts_down_kernel(Hb, SORTED, BEXP, BROWS, RWT, W2, O, stride_hp, s
         y = acc.to(Hb.dtype.element_ty).to(tl.float32) * rw[:, None]
         tl.store(O + pair[:, None] * stride_op + rn[None, :], y.to(O.dtype.element_ty),
                  mask=m_ok[:, None] & n_ok[None, :])
+    if SUM_TOKENS > 0:
+        # the sum over the k slots, here instead of in the latent up-projection's prologue (where
+        # each of its programs re-read all k fp32 slots of the whole row): the last program of
+        # this N tile (atomic ticket; unused blocks take one too) adds the slots of each token in
+        # slot order, as that prologue did, and writes the row in the working dtype
+        tl.debug_barrier()
+        ticket = tl.atomic_add(CNT + pid_n, 1, sem="acq_rel")
+        if ticket == tl.num_programs(0) - 1:
+            for t in tl.static_range(SUM_TOKENS):
+                acc_t = tl.load(O + t * TOPK * stride_op + rn, mask=n_ok, other=0.0, cache_modifier=".cg")
+                for j in tl.static_range(1, TOPK):
+                    acc_t += tl.load(O + (t * TOPK + j) * stride_op + rn, mask=n_ok, other=0.0,
+                                     cache_modifier=".cg")
+                tl.store(LS + t * stride_ls + rn, acc_t.to(LS.dtype.element_ty), mask=n_ok)
+            tl.atomic_xchg(CNT + pid_n, 0)  # re-arm for the next launch / graph replay
 
 
 # ------------------------------------------------------------------------------------- host
@@ -380,12 +399,27 @@ def moe_align(ids, E: int, block_m: int, align: MoeAlign | None = None) -> MoeAl
     return align
 
 
+# tokens up to which the down kernel can sum the slots itself (its last program per N tile
+# walks every token's k slots: cheap at batch 1, a long serial tail at batch 64)
+MAX_SLOT_SUM_TOKENS = 4
+_TICKETS: dict[str, torch.Tensor] = {}
+
+
+def _tickets(device, n: int) -> torch.Tensor:
+    """Zeroed int32 tickets (>= n), one buffer per device; the kernels re-arm them."""
+    buf = _TICKETS.get(str(device))
+    if buf is None or buf.numel() < n:
+        buf = _TICKETS[str(device)] = torch.zeros(max(n, 256), dtype=torch.int32, device=device)
+    return buf
+
+
 def moe_experts(lat, ids, weights, w13, w2, *, h_buf=None, out=None, config=None,
-                align: MoeAlign | None = None):
+                align: MoeAlign | None = None, slot_sum=None):
     """Grouped routed experts. lat [M, L] (working dtype), ids int32 [M, k], weights fp32 [M, k],
     w13 [E, 2I, L], w2 [E, L, I]. Returns o fp32 [M, k, L] (weighted per-slot outputs; sum
     over k is the MoE output in latent width). ``align``: the grouping already made by the
-    router (else one align launch here)."""
+    router (else one align launch here). ``slot_sum`` [M, L] (working dtype; M ≤
+    ``MAX_SLOT_SUM_TOKENS``): the down kernel also writes the sum over the k slots there."""
     M, L = lat.shape
     k = ids.shape[1]
     E, I2, L2 = w13.shape
@@ -417,10 +451,19 @@ def moe_experts(lat, ids, weights, w13, w2, *, h_buf=None, out=None, config=None
         num_warps=nw, num_stages=ns, **pdl.launch_args(),
     )
     o2 = out.view(P, L)
-    fp_moe_experts_down_kernel[(align.max_blocks, triton.cdiv(L, BN_D))](
+    n_tiles = triton.cdiv(L, BN_D)
+    if slot_sum is not None:
+        if M > MAX_SLOT_SUM_TOKENS:
+            raise ValueError(f"moe_experts: slot_sum at {M} tokens; the down kernel sums the slots "
+                             f"for at most {MAX_SLOT_SUM_TOKENS} (the latent up's prologue does beyond)")
+        assert slot_sum.shape == (M, L) and slot_sum.stride(1) == 1, slot_sum.shape
+    fp_moe_experts_down_kernel[(align.max_blocks, n_tiles)](
         h_buf, align.sorted, align.bexp, align.brows, weights, w2, o2,
+        slot_sum if slot_sum is not None else o2, _tickets(lat.device, n_tiles),
         h_buf.stride(0), w2.stride(0), w2.stride(1), o2.stride(0),
+        slot_sum.stride(0) if slot_sum is not None else 0,
         L=L, I=I, BLOCK_M=BM, BLOCK_N=BN_D, BLOCK_K=BK_D, USE_DOT=use_dot,
+        SUM_TOKENS=M if slot_sum is not None else 0, TOPK=k,
         num_warps=int(cfg.get("num_warps_down", nw)), num_stages=ns, **pdl.launch_args(),
     )
     return out
@@ -545,17 +588,39 @@ def _experts_entry(device=None) -> KernelSpec:
                 "w13": (torch.randn(E, 2 * I, L, generator=g, device=dev) / L ** 0.5).to(dtype),
                 "w2": (torch.randn(E, L, I, generator=g, device=dev) / I ** 0.5).to(dtype)}
 
+    # slot_sum: the sum over the slots written by the down kernel (the batch-1 step's way)
     shapes = ([{"M": m, "L": 2048, "I": 1024, "E": 64, "k": 8} for m in (1, 2, 4, 8, 16, 32, 64)]
-              + [{"M": 3, "L": 1000, "I": 520, "E": 16, "k": 4}]
+              + [{"M": 3, "L": 1000, "I": 520, "E": 16, "k": 4},
+                 {"M": 1, "L": 2048, "I": 1024, "E": 64, "k": 8, "slot_sum": True},
+                 {"M": 3, "L": 1000, "I": 520, "E": 16, "k": 4, "slot_sum": True}]
               if _on_gpu(device) else
               [{"M": 1, "L": 32, "I": 32, "E": 8, "k": 2}, {"M": 5, "L": 48, "I": 40, "E": 6, "k": 2},
-               {"M": 20, "L": 32, "I": 16, "E": 4, "k": 2}])
+               {"M": 20, "L": 32, "I": 16, "E": 4, "k": 2},
+               {"M": 1, "L": 32, "I": 32, "E": 8, "k": 2, "slot_sum": True},
+               {"M": 3, "L": 48, "I": 40, "E": 6, "k": 2, "slot_sum": True}])
+    def fast(slot_sum=False, **i):
+        if not slot_sum:
+            return moe_experts(**i).sum(1)
+        out = torch.empty_like(i["lat"])  # the down kernel's sum over the slots, working dtype
+        moe_experts(**i, slot_sum=out)
+        return out
+
+    def standard(slot_sum=False, **i):  # the standard path rounds the slot sum to the working dtype
+        y = experts_reference(**i).sum(1)
+        return y.to(i["lat"].dtype) if slot_sum else y
+
+    def oracle(slot_sum=False, **i):
+        return experts_reference(**{k: (v.float() if v.is_floating_point() else v) for k, v in i.items()}).sum(1)
+
+    def make(shape, *a, **kw):
+        inp = make_inputs(shape, *a, **kw)
+        if shape.get("slot_sum"):
+            inp["slot_sum"] = True
+        return inp
+
     return KernelSpec(
-        name="moe_experts", component="moe_experts",
-        fast=lambda **i: moe_experts(**i).sum(1),
-        standard=lambda **i: experts_reference(**i).sum(1),
-        oracle=lambda **i: experts_reference(**{k: (v.float() if v.is_floating_point() else v) for k, v in i.items()}).sum(1),
-        make_inputs=make_inputs, shapes=shapes, value_classes=["normal", "large", "near_zero"],
+        name="moe_experts", component="moe_experts", fast=fast, standard=standard, oracle=oracle,
+        make_inputs=make, shapes=shapes, value_classes=["normal", "large", "near_zero"],
         dtypes=default_dtypes(device), kernel_patterns=[r"^fp_moe_experts"],
         # fp32: the fp32 accumulation order differs from torch's (outputs up to O(100) for
         # "large"), the standard path on CPU IS the oracle (error 0), so the floor decides
