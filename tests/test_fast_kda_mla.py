@@ -206,6 +206,24 @@ def test_mla_split_kv_vs_reference(dtype, num_splits):
     assert torch.all(out[2] == 0)  # empty sequence -> zeros, no NaN
 
 
+def test_mla_combine_split_over_channels_is_bitwise_the_same():
+    """``combine_programs_per_head`` (batch-1 table): several programs per head, each merging a
+    slice of the channels, give the one-program merge bit for bit; a count that does not divide
+    the channel chunks is refused by name."""
+    g = torch.Generator().manual_seed(4)
+    B, H, D, T = 2, 2, 512, 300  # 4 chunks of 128 channels
+    q = torch.randn(B, H, D, generator=g)
+    cache = torch.randn(B, T, D, generator=g)
+    lengths = torch.tensor([300, 131], dtype=torch.int32)
+    one = mla.mla_decode(q, cache, lengths, scale=0.05, num_splits=3)
+    for per_head in (2, 4):
+        got = mla.mla_decode(q, cache, lengths, scale=0.05, num_splits=3, combine_programs_per_head=per_head)
+        assert torch.equal(got, one), per_head
+    torch.testing.assert_close(one, _mla_reference(q, cache, lengths, 0.05), **_tol(torch.float32))
+    with pytest.raises(ValueError, match="combine_programs_per_head 3"):
+        mla.mla_decode(q, cache, lengths, scale=0.05, num_splits=3, combine_programs_per_head=3)
+
+
 def test_mla_length_offset_and_strided_cache():
     """DecodeState semantics: the step attends to positions <= lengths[b] (length_offset=1), on a
     per-layer view of the [n_mla, B, capacity, D] latent cache; auto split count > 1."""

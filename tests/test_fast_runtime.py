@@ -62,6 +62,10 @@ def test_fast_decode_matches_standard_fp32_over_two_steps(fp32_model):
     assert len(rec.engaged("kda_decode")) == 2 * kinds.count("kda")
     assert len(rec.engaged("mla_decode")) == 2 * kinds.count("mla")
     assert len(rec.engaged("moe_experts")) == 2 * sum(m.cfg.ffn_kind(i) == "moe" for i in range(m.cfg.n_layers))
+    # batch 2 in the interpreter's table: KDA decode forms its low-rank gates, the experts' down
+    # kernel sums the slots (the comparison above covers both)
+    assert comps["kda_decode"] == {"triton_fused_low_rank"}, comps["kda_decode"]
+    assert all(v.endswith("_slot_sum") for v in comps["moe_experts"]), comps["moe_experts"]
 
 
 def test_fused_moe_input_schedule_matches_standard_fp32(fp32_model):
@@ -87,11 +91,81 @@ def test_fast_decode_fp16_within_noise_floor():
     n = m16.cfg.n_real_tokens
     ref_o = orc.decode(tok, st_o)[:, :n]
     ref_s = m16.decode(tok, st.clone())[:, :n]
-    out = fd.decode(tok, st)[:, :n]
+    with trace.recording() as rec:
+        out = fd.decode(tok, st)[:, :n]
+    # batch 3: the gates by their own gemv, the slots summed by the latent up (the other table rows)
+    assert rec.components()["kda_decode"] == {"triton_fused"}
+    assert not any(v.endswith("_slot_sum") for v in rec.components()["moe_experts"])
     noise = (ref_s - ref_o).abs().max().item()
     err = (out - ref_o).abs().max().item()
     assert err <= max(2 * noise, 1e-2), (err, noise)
     assert (out.argmax(-1) == ref_s.argmax(-1)).all()
+
+
+@pytest.mark.parametrize("kernel,field,value,message", [
+    ("kda_decode", "low_rank_gates", "both", "kda_decode.low_rank_gates 'both'"),
+    ("moe_experts", "slot_sum", "nowhere", "moe_experts.slot_sum 'nowhere'"),
+])
+def test_a_bad_batch1_table_value_is_named(fp32_model, monkeypatch, kernel, field, value, message):
+    from optimized_model.k3.fast import tuning
+
+    bucket = tuning.tables()[tuning.CPU_DEVICE]["kernels"][kernel]["buckets"][0]
+    monkeypatch.setitem(bucket, field, value)
+    fd = _decoder(fp32_model)
+    with pytest.raises(ValueError, match=message):
+        fd.decode(torch.tensor([3]), fp32_model.random_state(1, 4, 64, seed=0))
+
+
+def test_slot_sum_in_the_down_kernel_is_refused_beyond_its_batch(monkeypatch):
+    from optimized_model.k3.fast import tuning
+    from optimized_model.k3.fast.runtime import FastDecoder
+
+    monkeypatch.setattr(tuning, "device_name", lambda device=None: "NVIDIA H200")
+    gpu = type("Decoder", (), {"device": torch.device("meta")})()  # reads only .device
+    assert [FastDecoder._slot_sum_in_down(gpu, b) for b in (1, 2, 4, 8)] == [False, True, True, False]
+    bucket = tuning.tables()["NVIDIA H200"]["kernels"]["moe_experts"]["buckets"][-1]
+    monkeypatch.setitem(bucket, "slot_sum", "down")
+    with pytest.raises(ValueError, match="at most 4 tokens"):
+        FastDecoder._slot_sum_in_down(gpu, 64)
+
+
+def test_l2_prefetch_plan_comes_from_the_table_and_never_runs_on_cpu(fp32_model, monkeypatch):
+    """The H200 table adopts no prefetch site; an unknown field is named; the CPU build plans
+    none and the kernel refuses a CPU tensor."""
+    from optimized_model.k3.fast import tuning
+    from optimized_model.k3.fast.kernels import l2_prefetch as L2
+    from optimized_model.k3.fast.runtime import L2_SITES, FastDecoder
+
+    monkeypatch.setattr(tuning, "device_name", lambda device=None: "NVIDIA H200")
+    gpu = type("Decoder", (), {"device": torch.device("meta"), "on_cuda": True})()
+    for b in (1, 8, 64):
+        plan = FastDecoder._l2_prefetch_plan(gpu, b)
+        assert not any(float(plan.get(site, 0)) > 0 for site in L2_SITES), plan
+    bucket = tuning.tables()["NVIDIA H200"]["kernels"]["l2_prefetch"]["buckets"][0]
+    monkeypatch.setitem(bucket, "kda_out", 1.0)
+    with pytest.raises(ValueError, match="unknown fields \\['kda_out'\\]"):
+        FastDecoder._l2_prefetch_plan(gpu, 1)
+    monkeypatch.undo()
+    assert _decoder(fp32_model)._l2_prefetch_plan(1) == {}
+    w = torch.zeros(10, 8)
+    assert L2.prefetch_bytes(w, 0.5) == 160 and L2.prefetch_bytes(w, 1.0) == 320
+    with pytest.raises(ValueError, match="fraction"):
+        L2.prefetch_bytes(w, 1.5)
+    with pytest.raises(RuntimeError, match="CUDA only"):
+        L2.l2_prefetch(w)
+
+
+def test_l2_prefetch_kernel_compiles_for_sm90_to_a_bulk_prefetch():
+    """CPU pre-flight of the inline PTX (the interpreter cannot run it): Triton + ptxas build
+    it for sm_90, one ``cp.async.bulk.prefetch.L2`` per lane."""
+    code = (
+        "from optimized_model.k3.fast.gpu_bench import compile_launch\n"
+        "from optimized_model.k3.fast.kernels.l2_prefetch import fp_l2_prefetch_kernel as k\n"
+        "sig = {'BASE': '*u8', 'n_bytes': 'i32', 'CHUNK': 'constexpr', 'PER_PROGRAM': 'constexpr'}\n"
+        "c = compile_launch(k, sig, {'CHUNK': 16384, 'PER_PROGRAM': 32}, {'num_warps': 1}, [0])\n"
+        "print(c.asm['ptx'].count('cp.async.bulk.prefetch.L2.global'), len(c.asm['cubin']) > 0)\n"
+    )
+    assert _compile_on_cpu("-c", code).split()[-2:] == ["1", "True"]
 
 
 def test_decode_step_covers_the_sampler_and_refuses_graphs_on_cpu(fp32_model):
