@@ -15,13 +15,13 @@ value}} is applied to every bucket of those kernels first (to bisect a differenc
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
 
 from optimized_model.k3.fast import hooks, tuning
 from optimized_model.k3.model import K3Model
+from sweep_util import parse_patch
 
 
 def run(fd, model, B: int, steps: int, seed: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -44,7 +44,9 @@ def main() -> int:
     ap.add_argument("--patch", default="{}", help="JSON {kernel: {field: value}} for every bucket")
     args = ap.parse_args()
     kernels = tuning.table_for("cuda")["kernels"]
-    for kernel, fields in json.loads(args.patch).items():
+    for kernel, fields in parse_patch(args.patch, "--patch").items():
+        if kernel not in kernels:
+            raise SystemExit(f"--patch names kernel {kernel!r}, not in the table")
         for bucket in kernels[kernel]["buckets"]:
             bucket.update(fields)
     launch = kernels["launch"]["buckets"]

@@ -134,6 +134,8 @@ def test_kda_low_rank_gates_in_kernel(shape, dtype):
     got = kda.fast(**inp)
     for a, b in zip(got, ref):
         torch.testing.assert_close(a.float(), b.float(), **_tol(dtype))
+    early = kda.fast(**inp, early_weights=True)  # the weights load before the (PDL) wait
+    assert all(torch.equal(a, b) for a, b in zip(early, got))
     with pytest.raises(ValueError, match="not both"):
         kda.fast(**dict(inp, f=given["f"], gate=given["gate"]))
 
