@@ -291,3 +291,18 @@ def test_gemv_folded_norm_dot_tiles_split_k(epilogue):
         y = G.gemv(x, w, epilogue=epilogue, norm_weight=nw,
                    config={"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": split})
         assert (y - ref).abs().max().item() < 1e-4, split
+
+
+def test_outgrown_ticket_and_counter_buffers_stay_alive(monkeypatch):
+    """The kernels' cached ticket / counter buffers grow by replacement; a graph captured with the
+    old buffer still points at it, so the old one must never be freed."""
+    from optimized_model.k3.fast.kernels import kda_decode as KDA
+
+    for mod, get, table in ((MOE, MOE._tickets, "_TICKETS"), (KDA, KDA._counter, "_COUNTERS")):
+        monkeypatch.setattr(mod, table, {})
+        monkeypatch.setattr(mod, "_RETIRED", [])
+        small = get(torch.device("cpu"), 10)
+        assert get(torch.device("cpu"), 10) is small
+        big = get(torch.device("cpu"), 100_000)
+        assert big is not small and big.numel() >= 100_000 and not big.any()
+        assert any(r is small for r in mod._RETIRED)

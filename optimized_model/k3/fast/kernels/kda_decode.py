@@ -221,13 +221,17 @@ def kda_decode_fused_kernel(
 
 
 _COUNTERS: dict[tuple[str, int], torch.Tensor] = {}
+_RETIRED: list[torch.Tensor] = []  # outgrown counter buffers: a captured graph may still use one
 
 
 def _counter(device: torch.device, n: int) -> torch.Tensor:
-    """A zeroed int32 counter buffer of >= n entries, cached per device (kernels reset it)."""
+    """A zeroed int32 counter buffer of >= n entries, cached per device (kernels reset it). An
+    outgrown buffer is kept alive, never freed (graphs captured earlier still point at it)."""
     key = (str(device), 0)
     buf = _COUNTERS.get(key)
     if buf is None or buf.numel() < n:
+        if buf is not None:
+            _RETIRED.append(buf)
         buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
         _COUNTERS[key] = buf
     return buf

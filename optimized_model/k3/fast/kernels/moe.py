@@ -403,12 +403,16 @@ def moe_align(ids, E: int, block_m: int, align: MoeAlign | None = None) -> MoeAl
 # walks every token's k slots: cheap at batch 1, a long serial tail at batch 64)
 MAX_SLOT_SUM_TOKENS = 4
 _TICKETS: dict[str, torch.Tensor] = {}
+_RETIRED: list[torch.Tensor] = []  # outgrown ticket buffers: a captured graph may still use one
 
 
 def _tickets(device, n: int) -> torch.Tensor:
-    """Zeroed int32 tickets (>= n), one buffer per device; the kernels re-arm them."""
+    """Zeroed int32 tickets (>= n), one buffer per device; the kernels re-arm them. A buffer
+    that is outgrown is kept alive, never freed (graphs captured earlier still point at it)."""
     buf = _TICKETS.get(str(device))
     if buf is None or buf.numel() < n:
+        if buf is not None:
+            _RETIRED.append(buf)
         buf = _TICKETS[str(device)] = torch.zeros(max(n, 256), dtype=torch.int32, device=device)
     return buf
 
