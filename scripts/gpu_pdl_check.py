@@ -21,7 +21,7 @@ import torch
 
 from optimized_model.k3.fast import hooks, tuning
 from optimized_model.k3.model import K3Model
-from sweep_util import parse_patch
+from sweep_util import max_finite_diff, parse_patch
 
 
 def run(fd, model, B: int, steps: int, seed: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -73,7 +73,7 @@ def main() -> int:
             same = all(torch.equal(a, b) for a, b in zip(ref_logits, logits)) and \
                 all(torch.equal(a, b) for a, b in zip(ref_state, state))
             bad += not same
-            diff = max(float((a - b)[torch.isfinite(a)].abs().max()) for a, b in zip(ref_logits, logits))
+            diff = max(max_finite_diff(a, b) for a, b in zip(ref_logits, logits))
             print(f"{label}: {'bit-identical to' if same else f'DIFFERS (logits up to {diff:.3g}) from'} {ref_label}")
     print(f"pdl check: {bad} runs differ")
     return 1 if bad else 0

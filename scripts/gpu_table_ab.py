@@ -28,7 +28,7 @@ import torch
 from optimized_model.k3.fast import hooks, tuning
 from optimized_model.k3.fast.gpu_bench import time_graph
 from optimized_model.k3.model import K3Model
-from sweep_util import apply_patch, parse_variant, stopwatch_log
+from sweep_util import apply_patch, max_finite_diff, parse_variant, stopwatch_log
 
 
 def main() -> None:
@@ -74,9 +74,8 @@ def main() -> None:
             verdict = "not compared (a first step failed)"
             if "table" in first and name in first:
                 ref, got = first["table"], first[name]
-                fin = torch.isfinite(ref) & torch.isfinite(got)
                 same = bool(torch.equal(ref, got))
-                diff = float((ref[fin] - got[fin]).abs().max()) if bool(fin.any()) else float("nan")
+                diff = max_finite_diff(ref, got)
                 verdict = "bit-identical" if same else f"max diff {diff:.3g}"
             log(f"B={B:3d} ctx {args.context} {name:18s} {med[name]:.3f} ms  vs table {ratio:.3f}  "
                 f"first-step logits {verdict}")

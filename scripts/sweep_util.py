@@ -60,3 +60,12 @@ def apply_patch(table: dict, base: dict, patch: dict, batch: int) -> None:
         buckets = table["kernels"][kernel]["buckets"]
         bucket = next((b for b in buckets if batch <= b["max_batch"]), buckets[-1])
         bucket.update(fields)
+
+
+def max_finite_diff(a, b) -> float:
+    """The largest |a - b| over the entries finite in both (logits keep -inf padding); NaN when
+    there is none."""
+    import torch
+
+    fin = torch.isfinite(a) & torch.isfinite(b)
+    return float((a[fin] - b[fin]).abs().max()) if bool(fin.any()) else float("nan")

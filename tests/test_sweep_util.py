@@ -1,11 +1,15 @@
-"""The table-patch helpers of the GPU scripts (scripts/sweep_util.py: gpu_table_ab.py's variants,
-gpu_step_timeline.py's --patch)."""
+"""The helpers of the GPU scripts (scripts/sweep_util.py): table patches (gpu_table_ab.py's
+variants, gpu_step_timeline.py's --patch) and the logit comparison (gpu_table_ab.py,
+gpu_pdl_check.py)."""
 
 import copy
 import sys
 from pathlib import Path
 
+import math
+
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import sweep_util as S  # noqa: E402
@@ -37,3 +41,11 @@ def test_apply_patch_changes_only_the_bucket_serving_the_batch_and_resets_first(
     assert base == _table()["kernels"]
     with pytest.raises(SystemExit, match="'nope'"):
         S.apply_patch(table, base, {"nope": {"a": 1}}, batch=1)
+
+
+def test_max_finite_diff_skips_the_masked_entries():
+    inf = float("inf")
+    a = torch.tensor([1.0, -inf, 3.0, float("nan")])
+    b = torch.tensor([1.5, -inf, 2.0, 7.0])
+    assert S.max_finite_diff(a, b) == 1.0
+    assert math.isnan(S.max_finite_diff(torch.tensor([-inf]), torch.tensor([-inf])))
