@@ -294,15 +294,18 @@ def test_gemv_folded_norm_dot_tiles_split_k(epilogue):
 
 
 def test_outgrown_ticket_and_counter_buffers_stay_alive(monkeypatch):
-    """The kernels' cached ticket / counter buffers grow by replacement; a graph captured with the
-    old buffer still points at it, so the old one must never be freed."""
+    """The kernels' cached ticket / counter buffers (kernels/_counters.py: KDA decode's counters,
+    the experts' down-kernel tickets) grow by replacement; a graph captured with the old buffer
+    still points at it, so the old one must never be freed."""
+    from optimized_model.k3.fast.kernels import _counters
     from optimized_model.k3.fast.kernels import kda_decode as KDA
 
-    for mod, get, table in ((MOE, MOE._tickets, "_TICKETS"), (KDA, KDA._counter, "_COUNTERS")):
-        monkeypatch.setattr(mod, table, {})
-        monkeypatch.setattr(mod, "_RETIRED", [])
+    monkeypatch.setattr(_counters, "_CACHE", {})
+    monkeypatch.setattr(_counters, "_RETIRED", [])
+    for get in (MOE._tickets, KDA._counter):
         small = get(torch.device("cpu"), 10)
         assert get(torch.device("cpu"), 10) is small
         big = get(torch.device("cpu"), 100_000)
         assert big is not small and big.numel() >= 100_000 and not big.any()
-        assert any(r is small for r in mod._RETIRED)
+        assert any(r is small for r in _counters._RETIRED)
+    assert MOE._tickets(torch.device("cpu"), 1) is not KDA._counter(torch.device("cpu"), 1)  # one per purpose

@@ -58,7 +58,7 @@ import triton.language as tl
 
 from fastpath import trace
 
-from . import pdl
+from . import _counters, pdl
 from .entry import KernelSpec, default_dtypes
 from .pdl import pdl_enter
 
@@ -220,21 +220,9 @@ def kda_decode_fused_kernel(
             tl.atomic_xchg(counter + b * H + h, 0)
 
 
-_COUNTERS: dict[tuple[str, int], torch.Tensor] = {}
-_RETIRED: list[torch.Tensor] = []  # outgrown counter buffers: a captured graph may still use one
-
-
 def _counter(device: torch.device, n: int) -> torch.Tensor:
-    """A zeroed int32 counter buffer of >= n entries, cached per device (kernels reset it). An
-    outgrown buffer is kept alive, never freed (graphs captured earlier still point at it)."""
-    key = (str(device), 0)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        if buf is not None:
-            _RETIRED.append(buf)
-        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-        _COUNTERS[key] = buf
-    return buf
+    """KDA decode's zeroed per-(sequence, head) counters (the kernel resets them)."""
+    return _counters.zeroed("kda_decode", device, n, min_size=1024)
 
 
 def choose_block_v(batch: int, heads: int, v_dim: int, sm_count: int | None = None) -> int:

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import pdl
+from . import _counters, pdl
 from .entry import KernelSpec, default_dtypes
 from .pdl import pdl_enter
 
@@ -402,19 +402,9 @@ def moe_align(ids, E: int, block_m: int, align: MoeAlign | None = None) -> MoeAl
 # tokens up to which the down kernel can sum the slots itself (its last program per N tile
 # walks every token's k slots: cheap at batch 1, a long serial tail at batch 64)
 MAX_SLOT_SUM_TOKENS = 4
-_TICKETS: dict[str, torch.Tensor] = {}
-_RETIRED: list[torch.Tensor] = []  # outgrown ticket buffers: a captured graph may still use one
-
-
 def _tickets(device, n: int) -> torch.Tensor:
-    """Zeroed int32 tickets (>= n), one buffer per device; the kernels re-arm them. A buffer
-    that is outgrown is kept alive, never freed (graphs captured earlier still point at it)."""
-    buf = _TICKETS.get(str(device))
-    if buf is None or buf.numel() < n:
-        if buf is not None:
-            _RETIRED.append(buf)
-        buf = _TICKETS[str(device)] = torch.zeros(max(n, 256), dtype=torch.int32, device=device)
-    return buf
+    """The down kernel's zeroed per-N-tile tickets (the kernel re-arms them)."""
+    return _counters.zeroed("moe_experts_down", device, n)
 
 
 def moe_experts(lat, ids, weights, w13, w2, *, h_buf=None, out=None, config=None,
