@@ -252,6 +252,26 @@ def test_mla_choose_splits():
     assert max(mla.choose_splits(b, 1, 10 ** 6) for b in (1, 2, 4)) <= 128
 
 
+@pytest.mark.parametrize("max_len", [1, 64, 1088, 8256, 32768, 32832, 10 ** 6 + 7])
+@pytest.mark.parametrize("batch,waves,max_splits", [(1, 1, 256), (1, 4, 128), (8, 4, 128), (64, 4, 128)])
+def test_mla_split_plan_covers_every_position_in_whole_tiles(max_len, batch, waves, max_splits):
+    ns, split_len = mla.split_plan(batch, 1, max_len, 64, min_chunk=128, max_splits=max_splits,
+                                   waves=waves, min_tiles=2)
+    assert split_len % 64 == 0 and split_len >= 128            # whole tiles, at least two
+    assert (ns - 1) * split_len < max(max_len, 1) <= ns * split_len  # no empty split
+    assert ns <= max(1, mla.choose_splits(batch, 1, max_len, min_chunk=128, max_splits=max_splits,
+                                          waves=waves))
+
+
+def test_mla_split_plan_fills_one_wave_at_batch_1_just_past_32k():
+    """The step's capacity at 32k is 32 832 (context + 1 rounded up to 64). A power-of-two tile
+    count per split gave 65 splits of 8 tiles there (half of the 132 SMs idle); whole tiles give
+    the table's one wave: 129 splits of 4."""
+    assert mla.split_plan(1, 1, 32832, 64, waves=1, max_splits=256, min_tiles=2) == (129, 256)
+    assert mla.split_plan(1, 1, 32768, 64, min_tiles=2) == (128, 256)
+    assert mla.split_plan(1, 1, 32768, 64, num_splits=3, min_tiles=2) == (3, 64 * 171)
+
+
 def test_mla_entry_masked_noise_floor():
     e = mla.kernel_entry("cpu")
     assert {s["batch"] for s in e.shapes} >= {1, 2, 4, 8, 16, 32, 64}

@@ -209,7 +209,7 @@ def check_mla():
                                                                  max_len=T, block_h=bh))
             t_fast = t_bh[16]
             t_std = bench(lambda i: mla.standard(**inp), iters=5, reps=5)
-            ns = mla.choose_splits(B, math.ceil(H / 16), T, sms)
+            ns = mla.split_plan(B, math.ceil(H / 16), T, 32, sm_count=sms)[0]
             nbytes = B * T * D * 2
             row = dict(batch=B, context=T, num_splits=ns, err_fast=e_fast, err_std=e_std,
                        err_fast_masked=e_mask, err_std_masked=e_mask_std, noise_floor_ok=ok,

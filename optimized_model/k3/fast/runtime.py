@@ -357,7 +357,7 @@ class FastDecoder:
                    max_len=cache.shape[1], out=o_lat, block_h=int(mcfg.get("BLOCK_H", 16)),
                    layout=mcfg.get("layout", "head_major"), block_t=mcfg.get("BLOCK_T"),
                    num_warps=mcfg.get("num_warps"), min_chunk=int(mcfg.get("min_chunk", 128)),
-                   max_splits=int(mcfg.get("max_splits", 128)),
+                   max_splits=int(mcfg.get("max_splits", 128)), waves=float(mcfg.get("waves", 4)),
                    combine_programs_per_head=int(mcfg.get("combine_programs_per_head", 1)))
         o = bufs["o"][:, : H * v]
         w_uv = p.kv_b[nope: nope + v]  # head 0's W_uv rows; head h at + h * (nope + v) * C

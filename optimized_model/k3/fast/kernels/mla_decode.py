@@ -23,9 +23,9 @@ Kernels:
 * ``mla_decode_combine_kernel``, grid (B, H, programs per head): merges the NS partials with
   weights exp(lse_s - max lse).
 
-The split count NS (``choose_splits``) comes from the batch, the head blocks and the context
-bound so that long contexts fill the GPU (~4 waves of programs) while each split keeps >= 128
-positions. Empty splits (beyond a sequence's length) exit with lse = -inf. Under a CUDA graph,
+The split count NS (``split_plan``) comes from the batch, the head blocks and the context
+bound so that long contexts fill the GPU (``waves`` waves of programs; tuning-table data) while
+each split keeps >= 128 positions, in whole tiles. Empty splits (beyond a sequence's length) exit with lse = -inf. Under a CUDA graph,
 ``max_len`` (the context bound the graph was captured for) fixes NS and the split ranges.
 
 Layouts: ``q`` [B, H, D] (inner dim contiguous), ``cache`` [B, T_cap, D] (latent of one layer,
@@ -86,7 +86,7 @@ def mla_decode_split_kernel(
     l_i = tl.zeros([BH], tl.float32)
     acc = tl.zeros([BH, BD], tl.float32)
     base = cache + b * sc_b
-    # fixed trip count n_tiles (constexpr, a power of two: few compiled variants; the
+    # fixed trip count n_tiles (constexpr: one compiled variant per split length; the
     # interpreter cannot take runtime loop bounds); tiles past ``end`` are masked
     # (predicated-off loads move no bytes) and whole splits past the length exit early.
     if start < end:
@@ -225,13 +225,31 @@ def _sm_count(device: torch.device) -> int:
 
 
 def choose_splits(batch: int, head_blocks: int, max_len: int, sm_count: int = 132,
-                  min_chunk: int = 128, max_splits: int = 128, waves: int = 4) -> int:
-    """Split count: enough programs for ``waves`` waves of SMs (one 8-warp program per SM at a
-    time hides little latency), each split >= ``min_chunk`` positions, at most ``max_splits``."""
+                  min_chunk: int = 128, max_splits: int = 128, waves: float = 4) -> int:
+    """Split count asked for: enough programs for ``waves`` waves of SMs, each split >=
+    ``min_chunk`` positions, at most ``max_splits``. ``split_plan`` turns it into whole tiles."""
     if max_len <= min_chunk:
         return 1
     want = math.ceil(waves * sm_count / max(batch * head_blocks, 1))
     return int(max(1, min(want, math.ceil(max_len / min_chunk), max_splits)))
+
+
+def split_plan(batch: int, head_blocks: int, max_len: int, block_t: int, *, sm_count: int = 132,
+               min_chunk: int = 128, max_splits: int = 128, waves: float = 4,
+               min_tiles: int = 1, num_splits: int | None = None) -> tuple[int, int]:
+    """(split count, positions per split): the ``max_len`` positions cut into splits of whole
+    ``block_t`` tiles, as many splits as ``choose_splits`` asks (or ``num_splits``) and no more
+    tiles per split than that needs. The tile count per split is not rounded to a power of two:
+    with the step's capacities (context + 1 rounded up to 64, e.g. 32 832) that rounding halved
+    the splits at batch 1 x 32k (65 programs of 8 tiles on 132 SMs; perf notes run N)."""
+    if not waves > 0 or min_chunk < 1 or max_splits < 1:
+        raise ValueError(f"mla_decode: waves ({waves!r}) must be > 0 and min_chunk ({min_chunk}) / "
+                         f"max_splits ({max_splits}) >= 1 (tuning table entry mla_decode)")
+    ns = num_splits or choose_splits(batch, head_blocks, max_len, sm_count, min_chunk=min_chunk,
+                                     max_splits=max_splits, waves=waves)
+    tiles = max(1, triton.cdiv(max(max_len, 1), block_t))
+    per_split = max(min_tiles, triton.cdiv(tiles, ns))
+    return triton.cdiv(tiles, per_split), per_split * block_t
 
 
 def mla_decode(
@@ -239,15 +257,16 @@ def mla_decode(
     length_offset: int = 0, max_len: int | None = None, num_splits: int | None = None,
     block_t: int | None = None, block_h: int = 16, layout: str = "head_major",
     num_warps: int | None = None, num_stages: int = 2, out: torch.Tensor | None = None,
-    min_chunk: int = 128, max_splits: int = 128, combine_programs_per_head: int = 1,
+    min_chunk: int = 128, max_splits: int = 128, waves: float = 4,
+    combine_programs_per_head: int = 1,
 ) -> torch.Tensor:
     """Absorbed MLA decode attention (layouts in the module docstring).
 
     Attends to positions ``t < lengths[b] + length_offset`` (K3's DecodeState: the step writes its
     latent at ``lengths[b]`` then attends with ``length_offset=1``). ``max_len`` bounds
     ``lengths + length_offset`` (default: the cache capacity); it and the batch choose the split
-    count unless ``num_splits`` is given (each split ≥ ``min_chunk`` positions, at most
-    ``max_splits`` splits). ``layout`` picks the split kernel: "head_major" (heads as the MMA's
+    count unless ``num_splits`` is given (``split_plan``: ``waves`` waves of SMs, each split ≥
+    ``min_chunk`` positions, at most ``max_splits`` splits). ``layout`` picks the split kernel: "head_major" (heads as the MMA's
     M) or "kv_major" (positions as M; ``mla_decode_split_kvmajor_kernel``). The combine runs
     ``combine_programs_per_head`` programs per (sequence, head), each over a slice of D.
     Returns out [B, H, D] (q's dtype).
@@ -263,15 +282,12 @@ def mla_decode(
     BD = triton.next_power_of_2(D)
     kv_major = layout == "kv_major"
     BT = block_t or (64 if kv_major or BD < 256 else 32)
-    NS = num_splits or choose_splits(B, HB, T, _sm_count(q.device), min_chunk=min_chunk,
-                                     max_splits=max_splits)
-    split_len = triton.next_power_of_2(triton.cdiv(triton.cdiv(max(T, 1), NS), BT)) * BT
-    if kv_major:
-        # at least two tiles per split: with one (a loop of one trip) the kv-major kernel gave
-        # wrong outputs on the H200 (Triton 3.6, sm_90; right under the interpreter) — seen in
-        # scripts/gpu_attn_sweep.py at context 1024 with BT 128 or 16 splits
-        split_len = max(split_len, 2 * BT)
-    NS = max(1, triton.cdiv(max(T, 1), split_len))
+    # at least two tiles per kv-major split: with one (a loop of one trip) the kv-major kernel
+    # gave wrong outputs on the H200 (Triton 3.6, sm_90; right under the interpreter) — seen in
+    # scripts/gpu_attn_sweep.py at context 1024 with BT 128 or 16 splits
+    NS, split_len = split_plan(B, HB, T, BT, sm_count=_sm_count(q.device), min_chunk=min_chunk,
+                               max_splits=max_splits, waves=waves, min_tiles=2 if kv_major else 1,
+                               num_splits=num_splits)
     if out is None:
         out = torch.empty((B, H, D), dtype=q.dtype, device=q.device)
     if NS > 1:
@@ -339,16 +355,17 @@ def standard(q, cache, lengths, *, scale, length_offset=0, max_len=None, **_):
 
 
 def fast(q, cache, lengths, *, scale, length_offset=0, max_len=None, num_splits=None, block_h=16,
-         layout="head_major", block_t=None, **_):
+         layout="head_major", block_t=None, waves=4, max_splits=128, **_):
     return mla_decode(q, cache, lengths, scale=scale, length_offset=length_offset,
                       max_len=max_len, num_splits=num_splits, block_h=block_h, layout=layout,
-                      block_t=block_t)
+                      block_t=block_t, waves=waves, max_splits=max_splits)
 
 
 def make_inputs(shape: dict, value_class: str = "normal", dtype: Any = torch.float32,
                 device: Any = "cpu", seed: int = 0) -> dict:
     """shape: {"batch", "heads", "latent" (kv_lora), "context" (cache length / max_len),
-    "num_splits", "block_h" (optional), "qk_head" (for the scale, default 128)}. value classes: normal
+    "num_splits", "block_h", "layout", "block_t", "waves", "max_splits" (optional: the wrapper's
+    arguments), "qk_head" (for the scale, default 128)}. value classes: normal
     (unit-RMS latents, full lengths), large (x16 q: peaked softmax), near_zero (1e-3 scale),
     masked (random per-sequence lengths in [0, context], incl. 0 and 1)."""
     if isinstance(dtype, str):
@@ -375,7 +392,7 @@ def make_inputs(shape: dict, value_class: str = "normal", dtype: Any = torch.flo
                scale=shape.get("qk_head", 128) ** -0.5, max_len=T)
     if shape.get("num_splits"):
         out["num_splits"] = shape["num_splits"]
-    for key in ("block_h", "layout", "block_t"):
+    for key in ("block_h", "layout", "block_t", "waves", "max_splits"):
         if shape.get(key):
             out[key] = shape[key]
     return out
@@ -387,7 +404,10 @@ def kernel_entry(device: Any = None) -> KernelSpec:
         hd = dict(heads=32, latent=512)
         kv = dict(hd, layout="kv_major", block_h=32, block_t=64)  # as the H200 table runs it
         shapes = [dict(batch=bs, context=1024, **kv) for bs in (1, 2, 4, 8, 16, 32, 64)]
-        shapes += [dict(batch=1, context=32768, **kv), dict(batch=4, context=8192, **kv),
+        # batch 1 at the step's 32k capacity with the table's one wave (129 splits of 4 tiles);
+        # batch 2 with 3 tiles per split (a trip count that is not a power of two)
+        shapes += [dict(batch=1, context=32832, waves=1, max_splits=256, **kv),
+                   dict(batch=4, context=8192, **kv), dict(batch=2, context=20000, **kv),
                    dict(batch=3, context=1000, **kv), dict(batch=64, context=8192, **kv),
                    dict(batch=5, context=4099, heads=20, latent=512, layout="kv_major", block_t=64),
                    # the one-tile-per-split case the wrapper avoids (16 splits of 64 asked)
@@ -402,7 +422,9 @@ def kernel_entry(device: Any = None) -> KernelSpec:
                    dict(batch=5, context=130, heads=3, latent=24, qk_head=16, num_splits=4),
                    dict(batch=2, context=300, **hd),
                    dict(batch=3, context=77, num_splits=2, layout="kv_major", block_t=16, **hd),
-                   dict(batch=4, context=300, layout="kv_major", block_t=16, **hd)]
+                   dict(batch=4, context=300, layout="kv_major", block_t=16, **hd),
+                   # one wave as the batch-1 table asks: 3 splits of 7 tiles
+                   dict(batch=1, context=300, layout="kv_major", block_t=16, waves=1, max_splits=256, **hd)]
     return KernelSpec(
         name="mla_decode", component=COMPONENT, fast=fast, standard=standard, oracle=oracle,
         make_inputs=make_inputs, shapes=shapes,
