@@ -25,8 +25,9 @@ Kernels:
 
 The split count NS (``split_plan``) comes from the batch, the head blocks and the context
 bound so that long contexts fill the GPU (``waves`` waves of programs; tuning-table data) while
-each split keeps >= 128 positions, in whole tiles. Empty splits (beyond a sequence's length) exit with lse = -inf. Under a CUDA graph,
-``max_len`` (the context bound the graph was captured for) fixes NS and the split ranges.
+each split keeps >= 128 positions, in whole tiles. Empty splits (beyond a sequence's length)
+exit with lse = -inf. Under a CUDA graph, ``max_len`` (the context bound the graph was captured
+for) fixes NS and the split ranges.
 
 Layouts: ``q`` [B, H, D] (inner dim contiguous), ``cache`` [B, T_cap, D] (latent of one layer,
 inner dim contiguous, any batch / position strides), ``lengths`` [B] int32/int64 on the device,
@@ -266,8 +267,9 @@ def mla_decode(
     latent at ``lengths[b]`` then attends with ``length_offset=1``). ``max_len`` bounds
     ``lengths + length_offset`` (default: the cache capacity); it and the batch choose the split
     count unless ``num_splits`` is given (``split_plan``: ``waves`` waves of SMs, each split ≥
-    ``min_chunk`` positions, at most ``max_splits`` splits). ``layout`` picks the split kernel: "head_major" (heads as the MMA's
-    M) or "kv_major" (positions as M; ``mla_decode_split_kvmajor_kernel``). The combine runs
+    ``min_chunk`` positions, at most ``max_splits`` splits). ``layout`` picks the split kernel:
+    "head_major" (heads as the MMA's M) or "kv_major" (positions as M;
+    ``mla_decode_split_kvmajor_kernel``). The combine runs
     ``combine_programs_per_head`` programs per (sequence, head), each over a slice of D.
     Returns out [B, H, D] (q's dtype).
     """
@@ -365,9 +367,9 @@ def make_inputs(shape: dict, value_class: str = "normal", dtype: Any = torch.flo
                 device: Any = "cpu", seed: int = 0) -> dict:
     """shape: {"batch", "heads", "latent" (kv_lora), "context" (cache length / max_len),
     "num_splits", "block_h", "layout", "block_t", "waves", "max_splits" (optional: the wrapper's
-    arguments), "qk_head" (for the scale, default 128)}. value classes: normal
-    (unit-RMS latents, full lengths), large (x16 q: peaked softmax), near_zero (1e-3 scale),
-    masked (random per-sequence lengths in [0, context], incl. 0 and 1)."""
+    arguments), "qk_head" (for the scale, default 128)}. value classes: normal (unit-RMS
+    latents, full lengths), large (x16 q: peaked softmax), near_zero (1e-3 scale), masked
+    (random per-sequence lengths in [0, context], incl. 0 and 1)."""
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
     device = torch.device(device)
