@@ -34,10 +34,15 @@ import tempfile
 KERNEL_MODULES = ("gemv", "kda_decode", "mla_decode", "moe", "norm")
 
 
+_DEBUG_LABEL = re.compile(r"\s*\$L__tmp\d+:\s*$")
+
+
 def ptx_code(ptx: str) -> list[str]:
-    """The code of a PTX module: no comments, line info or debug sections."""
+    """The code of a PTX module: no comments, line info, debug sections or the ``$L__tmpN:``
+    labels that only the debug sections refer to (an inlined @triton.jit helper adds one)."""
     code = ptx.split(".section\t.debug")[0].split(".section .debug")[0]
-    return [ln for ln in code.splitlines() if not ln.startswith("//") and ".loc" not in ln and ".file" not in ln]
+    return [ln for ln in code.splitlines() if not ln.startswith("//") and ".loc" not in ln
+            and ".file" not in ln and not _DEBUG_LABEL.match(ln)]
 
 
 def opcodes(ptx: str) -> collections.Counter:

@@ -141,7 +141,7 @@ def test_structured_output(case, fp_engine, fp_models, fp_gate, record):
     missing, summary = _engagement(rec, fp_engine)
     sampler_runs = len(rec.engaged("sampler"))
     ok = not missing and sampler_runs > 0
-    record("features_structured_output", "fast_path_engaged", 0 if ok else 1, threshold=0, comparator="<=",
+    record("features_structured_output", "fast_path_engaged", 1.0 if ok else 0.0, threshold=1.0, comparator=">=",
            detail={"structured": kind, "mode": mode, "not_engaged": missing, "sampler_runs": sampler_runs},
            evidence={"trace": summary},
            message="" if ok else f"fast path not engaged during constrained generation: {missing or ['sampler']}",

@@ -64,6 +64,22 @@ def _split_bounds(lengths, b, s, split_len, length_offset):
 
 
 @triton.jit
+def _online_softmax_step(sc, m_i, l_i, AXIS: tl.constexpr):
+    """One tile of the online softmax along the positions axis ``AXIS`` of the scores ``sc``
+    (-inf where masked): returns p = exp(sc - running max), the factor ``alpha`` that rescales
+    the running sums, and the new running max and sum (a row that is all -inf stays at 0)."""
+    m_new = tl.maximum(m_i, tl.max(sc, AXIS))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m_i - m_safe)
+    if AXIS == 1:
+        p = tl.exp(sc - m_safe[:, None])
+    else:
+        p = tl.exp(sc - m_safe[None, :])
+    l_i = l_i * alpha + tl.sum(p, AXIS)
+    return p, alpha, m_new, l_i
+
+
+@triton.jit
 def mla_decode_split_kernel(
     q, cache, lengths, out, o_part, lse_part,
     sq_b, sq_h, sc_b, sc_t, so_b, so_h,
@@ -101,11 +117,7 @@ def mla_decode_split_kernel(
             else:
                 sc = tl.dot(qt, tl.trans(c))
             sc = tl.where(mt[None, :], sc * scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(sc, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp(m_i - m_safe)
-            p = tl.exp(sc - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
+            p, alpha, m_new, l_i = _online_softmax_step(sc, m_i, l_i, 1)
             if IEEE:
                 acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c, input_precision="ieee")
             else:
@@ -162,11 +174,7 @@ def mla_decode_split_kvmajor_kernel(
             else:
                 sc = tl.dot(c, qT)
             sc = tl.where(mt[:, None], sc * scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(sc, 0))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp(m_i - m_safe)
-            p = tl.exp(sc - m_safe[None, :])
-            l_i = l_i * alpha + tl.sum(p, 0)
+            p, alpha, m_new, l_i = _online_softmax_step(sc, m_i, l_i, 0)
             if IEEE:
                 accT = accT * alpha[None, :] + tl.dot(tl.trans(c), p.to(c.dtype), input_precision="ieee")
             else:
