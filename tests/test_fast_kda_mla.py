@@ -272,6 +272,13 @@ def test_mla_split_plan_fills_one_wave_at_batch_1_just_past_32k():
     assert mla.split_plan(1, 1, 32768, 64, num_splits=3, min_tiles=2) == (3, 64 * 171)
 
 
+@pytest.mark.parametrize("bad", [dict(waves=0), dict(waves=-1.0), dict(waves=float("nan")),
+                                 dict(min_chunk=0), dict(max_splits=0)])
+def test_mla_split_plan_names_a_bad_table_value(bad):
+    with pytest.raises(ValueError, match="tuning table entry mla_decode"):
+        mla.split_plan(1, 1, 32832, 64, **bad)
+
+
 def test_mla_entry_masked_noise_floor():
     e = mla.kernel_entry("cpu")
     assert {s["batch"] for s in e.shapes} >= {1, 2, 4, 8, 16, 32, 64}
