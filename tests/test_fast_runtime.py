@@ -102,6 +102,22 @@ def test_fast_decode_fp16_within_noise_floor():
     assert (out.argmax(-1) == ref_s.argmax(-1)).all()
 
 
+def test_a_cute_table_entry_off_its_scope_runs_triton_and_says_why(fp32_model, monkeypatch):
+    """A gemv entry with "variant": "cute" where the CuTe DSL kernel cannot run (CPU, fp32):
+    every gemv call site still computes the standard path's logits with the Triton twin, and
+    the trace says so per site with the reason."""
+    from optimized_model.k3.fast import tuning
+
+    bucket = tuning.tables()[tuning.CPU_DEVICE]["kernels"]["gemv"]["buckets"][0]
+    monkeypatch.setitem(bucket, "variant", "cute")
+    _, rec = _two_steps_vs_standard(fp32_model, (torch.tensor([9]), torch.tensor([130])), seed=3)
+    fallbacks = [e for e in rec.events if e.detail == "triton_for_cute"]
+    assert fallbacks and not [e for e in rec.events if e.detail == "cute"]
+    reasons = {dict(e.shape)["reason"] for e in fallbacks}
+    assert any("CUDA" in r or "cutlass" in r for r in reasons), reasons  # no device / no DSL here
+    assert any("swiglu" in r for r in reasons), reasons  # a fusion the CuTe kernel lacks
+
+
 @pytest.mark.parametrize("kernel,field,value,message", [
     ("kda_decode", "low_rank_gates", "both", "kda_decode.low_rank_gates 'both'"),
     ("moe_experts", "slot_sum", "nowhere", "moe_experts.slot_sum 'nowhere'"),

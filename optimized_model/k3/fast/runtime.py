@@ -196,17 +196,18 @@ class FastDecoder:
     def _cfg(self, M: int, N: int, K: int, epilogue: str = "none") -> dict:
         return tuning.lookup("gemv", M, device=self.device, N=N, K=K, epilogue=epilogue)
 
-    def _gemv(self, site: str, x, w, out, **kw) -> None:
-        """One gemv launch with this call site's tuning entry and split-K scratch."""
+    def _gemv(self, site: str, x, w, out, **kw) -> dict:
+        """One gemv launch with this call site's tuning entry and split-K scratch; returns the
+        config that ran. An entry with ``"variant": "cute"`` runs the CuTe DSL twin where the
+        call is in its scope (``_cute_gemv``), else the Triton kernel."""
         M = x.shape[0]
         N = w.shape[0] // 2 if kw.get("epilogue") == "swiglu" else w.shape[0]
-        if not kw and self.on_cuda and tuning.variant("gemv_plain", M, device=self.device) == "cute":
-            from .kernels import cute_gemv
-
-            if cute_gemv.supports(x, w)[0] and out.is_contiguous():
-                cute_gemv.gemv(x, w, out=out)
-                return {"variant": "cute"}
         cfg = self._cfg(M, N, w.shape[1], kw.get("epilogue", "none"))
+        if cfg.get("variant") == "cute":
+            ran = self._cute_gemv(site, x, w, out, cfg, kw)
+            if ran is not None:
+                return ran
+            cfg = {**cfg, "variant": "triton"}
         scratch = None
         if int(cfg.get("SPLIT_K", 1)) > 1 and "groups" not in kw:
             key = (site, M, int(cfg["SPLIT_K"]))  # a retuned table (A/B of variants) gets its own
@@ -215,6 +216,29 @@ class FastDecoder:
                 scratch = self._scratch[key] = G.GemvScratch(M, N, int(cfg["SPLIT_K"]), kw.get("epilogue") == "swiglu", self.device)
         G.gemv(x, w, out=out, config=cfg, scratch=scratch, eps=self.eps, **kw)
         return cfg
+
+    # the Triton kernel's keywords the CuTe GEMV implements (RMSNorm prologue, residual epilogue)
+    CUTE_FUSIONS = {"norm_weight", "residual", "epilogue"}
+
+    def _cute_gemv(self, site: str, x, w, out, cfg: dict, kw: dict) -> dict | None:
+        """The CuTe DSL GEMV for a call site whose table entry asks for it; None (after a trace
+        event naming why) when the call is outside its scope, and the caller runs Triton."""
+        from .kernels import cute_gemv
+
+        why = ""
+        extra = sorted(set(kw) - self.CUTE_FUSIONS)
+        if extra or kw.get("epilogue", "none") not in ("none", "residual"):
+            why = f"fusion {extra or kw['epilogue']} not in the CuTe kernel (RMSNorm prologue, residual epilogue only)"
+        else:
+            residual = kw.get("residual") if kw.get("epilogue") == "residual" else None
+            ok, why = cute_gemv.supports(x, w, out=out, norm_weight=kw.get("norm_weight"), residual=residual)
+            if ok:
+                cute_gemv.gemv(x, w, out=out, norm_weight=kw.get("norm_weight"), residual=residual,
+                               eps=self.eps, warps=int(cfg.get("warps", 0)) or None,
+                               rows_per_warp=int(cfg.get("rows_per_warp", 0)) or None)
+                return cfg
+        trace.engaged("dense_gemv", "triton_for_cute", site=site, batch=x.shape[0], reason=why)
+        return None
 
     # -- one step ---------------------------------------------------------------------------------
     def _use_pdl(self, B: int) -> str:

@@ -98,7 +98,3 @@ def resolve_split(cfg: dict, batch: int, N: int | None, K: int | None) -> dict:
             cap = max(1, k_steps // int(cfg.get("min_k_iters", 1)))
             cfg["SPLIT_K"] = int(min(want, cap, int(cfg.get("max_split", 16))))
     return cfg
-
-
-def variant(kernel: str, batch: int, device: Any = None, default: str = "triton") -> str:
-    return str(entry(kernel, batch, device).get("variant", default))
