@@ -107,7 +107,7 @@ def test_supports_names_what_is_out_of_scope():
     assert ok() == (True, "")
     assert ok(out=torch.zeros(1, 32, dtype=bf), norm_weight=torch.zeros(64, dtype=bf),
               residual=torch.zeros(1, 40, dtype=bf)) == (True, "")
-    assert "small-M" in ok(x=torch.zeros(3, 64, dtype=bf))[1]
+    assert "small-M" in ok(x=torch.zeros(5, 64, dtype=bf))[1]
     assert "bf16/fp16" in ok(x=x.float(), w=w.float())[1]
     assert "not a multiple" in ok(x=torch.zeros(1, 60, dtype=bf), w=torch.zeros(32, 60, dtype=bf))[1]
     assert "x rows" in ok(x=torch.zeros(2, 68, dtype=bf)[:, :64])[1]  # 136-byte rows

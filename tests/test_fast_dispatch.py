@@ -117,8 +117,9 @@ def test_cpu_uses_the_interpreter_table():
     assert tuning.table_for("cpu")["device"] == "cpu-interpreter"
 
 
-# batch 2-4 on the tiled variant: measured faster on the H200 (docs/perf-notes.md, run B)
-@pytest.mark.parametrize("batch,variant", [(1, "triton_small_m"), (2, "triton_tiled"), (4, "triton_tiled"),
+# batch 2: the CuTe GEMV (perf notes, run O); 4-64 on the tiled variant, measured faster than small-M
+# on the H200 (run B)
+@pytest.mark.parametrize("batch,variant", [(1, "triton_small_m"), (2, "cute"), (4, "triton_tiled"),
                                            (8, "triton_tiled"), (16, "triton_tiled"), (64, "triton_tiled")])
 def test_h200_gemv_variant_by_batch(monkeypatch, batch, variant):
     monkeypatch.setattr(tuning, "device_name", lambda device=None: "NVIDIA H200")

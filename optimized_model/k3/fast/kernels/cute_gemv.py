@@ -1,5 +1,5 @@
 """Small-M dense GEMV ``y = prologue(x) @ W^T (+ r)`` in CuTe DSL (nvidia-cutlass-dsl 4.8.1) — the
-hottest decode op at batch 1-2 (every projection is one). Variant "cute" of component
+hottest decode op at small batch (every projection is one). Variant "cute" of component
 ``dense_gemv``; the Triton twin lives in ``gemv.py`` and the tuning table picks, per call site
 (``gemv`` bucket or override ``"variant": "cute"``), whichever measured faster in the step.
 
@@ -45,7 +45,7 @@ from .entry import KernelSpec, default_dtypes
 
 COMPONENT = "dense_gemv"
 VARIANT = "cute"
-MAX_M = 2
+MAX_M = 4
 
 try:  # the DSL is optional: CPU builds and CI run without it
     import cutlass
@@ -243,7 +243,7 @@ def _wrap(t: torch.Tensor):
 def gemv(x: torch.Tensor, weight: torch.Tensor, *, out: torch.Tensor | None = None,
          norm_weight: torch.Tensor | None = None, residual: torch.Tensor | None = None,
          eps: float = 1e-6, warps: int | None = None, rows_per_warp: int | None = None) -> torch.Tensor:
-    """y = rmsnorm(x) @ weight^T (+ residual) with the CuTe DSL kernel. x [M, K] (M <= 2),
+    """y = rmsnorm(x) @ weight^T (+ residual) with the CuTe DSL kernel. x [M, K] (M <= MAX_M),
     weight [N, K] (bf16/fp16, contiguous, 16-byte aligned), norm_weight [K] (optional RMSNorm
     prologue), residual [M, N] (optional epilogue); returns y [M, N] in x's dtype. Compiled once
     per (shapes, strides, dtype, config, fusions, PDL) and cached: the static layouts fix the
@@ -327,12 +327,13 @@ def make_inputs(shape: dict, value_class: str = "normal", dtype: Any = torch.bfl
 def kernel_entry(device: Any = None) -> KernelSpec:
     """Registry entry. Off CUDA / without the DSL, ``dtypes`` is empty and ``unavailable``
     carries the reason (the kernel suite records a waiver with it). Shapes: K3-mini's
-    projections at M = 1, 2 — plain, with the RMSNorm prologue (the in-projections), with the
+    projections at M = 1, 2, 4 — plain, with the RMSNorm prologue (the in-projections), with the
     residual epilogue (o_proj), both — and ragged N / K tails."""
     ok, why = available()
     shapes = [dict(m=m, n=n, k=k) for m in (1, 2) for n, k in ((14336, 4096), (4096, 4096))]
-    shapes += [dict(m=m, n=6144, k=4096, norm=1) for m in (1, 2)]
-    shapes += [dict(m=m, n=4096, k=4096, residual=1) for m in (1, 2)]
+    shapes += [dict(m=m, n=6144, k=4096, norm=1) for m in (1, 2, 4)]
+    shapes += [dict(m=m, n=4096, k=4096, residual=1) for m in (1, 2, 4)]
+    shapes += [dict(m=3, n=2048, k=4096, norm=1), dict(m=4, n=4096, k=2048, residual=1)]
     shapes += [dict(m=1, n=1000, k=4104), dict(m=2, n=4097, k=512, norm=1, residual=1)]
     dts = [d for d in default_dtypes(device) if d in ("bfloat16", "float16")] if ok else []
     spec = KernelSpec(

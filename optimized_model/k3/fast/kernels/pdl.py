@@ -21,8 +21,9 @@ compile the kernels with ``PDL=True`` (``enabled()``) — every launch passes bo
 interpreter) nothing changes. Where the step uses it is tuning-table data (``launch.pdl``:
 "all", "outside_moe" or "off" per batch bucket; runtime.FastDecoder._use_pdl): on the H200 it
 pays only at batch 1 outside the MoE layers, where the routed chain overlaps the shared expert's
-stream (perf notes, run K). Torch ops, the CuTe GEMV and the sampler launch as usual (a kernel
-launched after them waits for their completion).
+stream (perf notes, run K). The CuTe GEMV keeps the same contract (``griddepcontrol`` in CuTe
+DSL, kernels/cute_gemv.py). Torch ops and the sampler launch as usual (a kernel launched after
+them waits for their completion).
 """
 
 from __future__ import annotations
