@@ -1,0 +1,82 @@
+"""Tuning-table variants of the fast path against the fp32 oracle (GPU only).
+
+    python3 scripts/gpu_oracle_ab.py --batches 1,2,4 --context 1024 --steps 8 \\
+        --variant 'triton={"gemv": {"variant": "triton"}}' --variant 'cute={"gemv": {"variant": "cute"}}'
+
+A speed A/B (gpu_table_ab.py) says which variant is faster; this says whether it computes as
+well. Per batch: one random state at ``--context`` tokens and ``--steps`` random tokens; the fp32
+oracle model (weights rounded to bf16, exact arithmetic) decodes them teacher-forced, and so
+does the fast decoder under each variant (NAME=JSON patches of the batch's table bucket, as in
+gpu_table_ab.py; none given: the table as checked in). Prints, per variant, max and mean
+|logit difference| from the oracle, top-1 agreement with it and KL(oracle ‖ variant), then the
+largest difference between the first two variants. Few positions (batch × steps): a screen
+before the full tier, not a replacement for its parity suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+
+import torch
+
+from optimized_model.k3.fast import hooks, tuning
+from optimized_model.k3.model import K3Model
+from optimized_model.k3.state import DecodeState
+from sweep_util import apply_patch, parse_variant, stopwatch_log
+
+
+def compare(y: torch.Tensor, ref: torch.Tensor) -> dict:
+    """Logit error, top-1 agreement and KL(ref ‖ y) over every position of [steps, batch, vocab]."""
+    lp_ref, lp = ref.log_softmax(-1), y.log_softmax(-1)
+    return dict(max_diff=(y - ref).abs().max().item(), mean_diff=(y - ref).abs().mean().item(),
+                top1=(y.argmax(-1) == ref.argmax(-1)).float().mean().item(),
+                kl=(lp_ref.exp() * (lp_ref - lp)).sum(-1).mean().item())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", default="1,2,4")
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--variant", action="append", default=[], help="NAME=JSON (repeatable)")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("gpu_oracle_ab: no CUDA device here; nothing to measure")
+        return 2
+    variants = [parse_variant(v) for v in args.variant] or [("table", {})]
+    log = stopwatch_log()
+    table = tuning.table_for("cuda")
+    base = copy.deepcopy(table["kernels"])
+    model = K3Model.build("mini", device="cuda", dtype=torch.bfloat16, seed=0)
+    oracle = K3Model.build("mini", device="cuda", dtype=torch.float32, seed=0, oracle=True,
+                           round_dtype=torch.bfloat16)
+    fd = hooks.build_fast_decoder(model, lambda b, cap: model.new_state(b, cap))
+    n = model.cfg.n_real_tokens
+    for B in (int(b) for b in args.batches.split(",")):
+        gen = torch.Generator().manual_seed(B)
+        tokens = torch.randint(0, n, (args.steps, B), generator=gen).cuda()
+        start = model.random_state(B, args.context, args.context + 64, seed=B)
+        st_o = DecodeState(start.conv.float(), start.kda.clone(), start.latent.float(), start.lengths.clone())
+        ref = torch.stack([oracle.decode(t, st_o)[:, :n].float() for t in tokens])
+        out = {}
+        for name, patch in variants:
+            apply_patch(table, base, patch, B)
+            try:
+                st = start.clone()
+                out[name] = torch.stack([fd.decode(t, st)[:, :n].float() for t in tokens])
+            finally:
+                table["kernels"] = copy.deepcopy(base)
+            m = compare(out[name], ref)
+            log(f"B={B} ctx {args.context} {name:10s} vs oracle: max|d| {m['max_diff']:.4f} "
+                f"mean|d| {m['mean_diff']:.5f} top1 {m['top1']:.3f} KL {m['kl']:.2e} "
+                f"({B * args.steps} positions)")
+        if len(out) >= 2:
+            (a, ya), (b, yb) = list(out.items())[:2]
+            log(f"B={B} {b} vs {a}: max|d| {(yb - ya).abs().max().item():.4f} "
+                f"top1 {(yb.argmax(-1) == ya.argmax(-1)).float().mean().item():.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
