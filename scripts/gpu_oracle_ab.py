@@ -9,8 +9,10 @@ oracle model (weights rounded to bf16, exact arithmetic) decodes them teacher-fo
 does the fast decoder under each variant (NAME=JSON patches of the batch's table bucket, as in
 gpu_table_ab.py; none given: the table as checked in). Prints, per variant, max and mean
 |logit difference| from the oracle, top-1 agreement with it and KL(oracle ‖ variant), then the
-largest difference between the first two variants. Few positions (batch × steps): a screen
-before the full tier, not a replacement for its parity suite.
+largest difference between the first two variants. ``--standard`` adds the standard path's
+own row (the noise floor: bf16 vs the oracle) and each variant's top-1 agreement with it. A
+screen before the full tier (random tokens, not generated text), not a replacement for its
+parity suite.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def main() -> int:
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--variant", action="append", default=[], help="NAME=JSON (repeatable)")
+    ap.add_argument("--standard", action="store_true", help="also decode on the standard path")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("gpu_oracle_ab: no CUDA device here; nothing to measure")
@@ -59,7 +62,13 @@ def main() -> int:
         start = model.random_state(B, args.context, args.context + 64, seed=B)
         st_o = DecodeState(start.conv.float(), start.kda.clone(), start.latent.float(), start.lengths.clone())
         ref = torch.stack([oracle.decode(t, st_o)[:, :n].float() for t in tokens])
-        out = {}
+        out, std = {}, None
+        if args.standard:
+            st = start.clone()
+            std = torch.stack([model.decode(t, st)[:, :n].float() for t in tokens])
+            m = compare(std, ref)
+            log(f"B={B} ctx {args.context} {'standard':10s} vs oracle: max|d| {m['max_diff']:.4f} "
+                f"mean|d| {m['mean_diff']:.5f} top1 {m['top1']:.3f} KL {m['kl']:.2e}")
         for name, patch in variants:
             apply_patch(table, base, patch, B)
             try:
@@ -71,6 +80,9 @@ def main() -> int:
             log(f"B={B} ctx {args.context} {name:10s} vs oracle: max|d| {m['max_diff']:.4f} "
                 f"mean|d| {m['mean_diff']:.5f} top1 {m['top1']:.3f} KL {m['kl']:.2e} "
                 f"({B * args.steps} positions)")
+            if std is not None:
+                vs = compare(out[name], std)
+                log(f"B={B} {name} vs standard: top1 {vs['top1']:.4f} KL(standard || {name}) {vs['kl']:.2e}")
         if len(out) >= 2:
             (a, ya), (b, yb) = list(out.items())[:2]
             log(f"B={B} {b} vs {a}: max|d| {(yb - ya).abs().max().item():.4f} "
