@@ -59,7 +59,8 @@ def main() -> int:
     for B in (int(b) for b in args.batches.split(",")):
         gen = torch.Generator().manual_seed(B)
         tokens = torch.randint(0, n, (args.steps, B), generator=gen).cuda()
-        start = model.random_state(B, args.context, args.context + 64, seed=B)
+        cap = -(-(args.context + args.steps) // 64) * 64  # room for every step
+        start = model.random_state(B, args.context, cap, seed=B)
         st_o = DecodeState(start.conv.float(), start.kda.clone(), start.latent.float(), start.lengths.clone())
         ref = torch.stack([oracle.decode(t, st_o)[:, :n].float() for t in tokens])
         out, std = {}, None
