@@ -31,6 +31,17 @@ def test_imports_without_cutlass_and_reports_why():
     assert "nvidia-cutlass-dsl not importable" in line
 
 
+def test_importing_it_builds_no_triton_kernel():
+    """The module is imported on CPU too (registry, tests): it must not import a @triton.jit
+    helper before the engine switches on Triton's interpreter (a helper built outside the
+    interpreter cannot be called from an interpreted kernel)."""
+    code = ("import sys\nfrom optimized_model.k3.fast.kernels import cute_gemv\n"
+            "print(sorted(m for m in sys.modules if m == 'triton' or m.endswith('kernels.pdl')))\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines()[-1] == "[]"
+
+
 @pytest.mark.skipif(HAS_CUDA, reason="CPU-only behaviour")
 def test_cpu_reports_unavailable_and_refuses_to_run():
     ok, why = cg.available()

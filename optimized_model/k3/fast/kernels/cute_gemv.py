@@ -40,7 +40,6 @@ import torch
 
 from fastpath import trace
 
-from . import pdl
 from .entry import KernelSpec, default_dtypes
 
 COMPONENT = "dense_gemv"
@@ -259,6 +258,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, out: torch.Tensor | None = No
         out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if residual is not None:
         residual = residual[:, :N]
+    # imported here, not at the top: pdl defines a @triton.jit helper, which must not be built
+    # before the engine chooses Triton's interpreter (this module is imported on CPU too)
+    from . import pdl
+
     use_pdl = pdl.enabled()
     trace.engaged(COMPONENT, VARIANT, m=M, n=N, k=K, norm=norm_weight is not None,
                   residual=residual is not None)
