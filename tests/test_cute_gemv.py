@@ -62,8 +62,7 @@ def test_make_inputs_and_references_on_cpu():
 
 
 def _ptx(M=2, N=48, K=1024, norm=False, residual=False, use_pdl=False, warps=4, rpw=2) -> str:
-    """Compile one build for a GPU target without a GPU and return
-    its PTX."""
+    """The PTX of one build, compiled for a GPU target without a GPU."""
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl not installed (pip install nvidia-cutlass-dsl==4.8.1)")
     import cuda.bindings.driver as drv
     import cutlass.cute as cute
