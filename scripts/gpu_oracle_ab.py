@@ -24,7 +24,6 @@ import torch
 
 from optimized_model.k3.fast import hooks, tuning
 from optimized_model.k3.model import K3Model
-from optimized_model.k3.state import DecodeState
 from sweep_util import apply_patch, parse_variant, stopwatch_log
 
 
@@ -61,7 +60,7 @@ def main() -> int:
         tokens = torch.randint(0, n, (args.steps, B), generator=gen).cuda()
         cap = -(-(args.context + args.steps) // 64) * 64  # room for every step
         start = model.random_state(B, args.context, cap, seed=B)
-        st_o = DecodeState(start.conv.float(), start.kda.clone(), start.latent.float(), start.lengths.clone())
+        st_o = start.to_dtype(torch.float32)
         ref = torch.stack([oracle.decode(t, st_o)[:, :n].float() for t in tokens])
         out, std = {}, None
         if args.standard:

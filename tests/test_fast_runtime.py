@@ -12,7 +12,6 @@ import torch
 from fastpath import trace
 from optimized_model.k3.fast import hooks, registry
 from optimized_model.k3.model import K3Model
-from optimized_model.k3.state import DecodeState
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +85,7 @@ def test_fast_decode_fp16_within_noise_floor():
     orc = K3Model.build("tiny", device="cpu", dtype=torch.float32, seed=0, oracle=True, round_dtype=torch.float16)
     fd = _decoder(m16)
     st = m16.random_state(3, 12, 64, seed=2)
-    st_o = DecodeState(st.conv.float(), st.kda.clone(), st.latent.float(), st.lengths.clone())
+    st_o = st.to_dtype(torch.float32)
     tok = torch.tensor([1, 77, 250])
     n = m16.cfg.n_real_tokens
     ref_o = orc.decode(tok, st_o)[:, :n]

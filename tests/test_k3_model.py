@@ -70,6 +70,17 @@ def test_chunked_padding_steps_leave_state_unchanged():
     torch.testing.assert_close(s, s_ref, rtol=1e-4, atol=1e-4)
 
 
+def test_state_to_dtype_copies_the_caches_in_the_new_dtype(model32):
+    st = model32.random_state(2, 9, 64, seed=3)
+    st.max_len = 9
+    for dtype in (torch.float64, torch.float32):  # a new dtype, and the one it has
+        c = st.to_dtype(dtype)
+        assert c.conv.dtype == c.latent.dtype == dtype and c.kda.dtype == torch.float32
+        assert c.max_len == 9 and torch.equal(c.lengths, st.lengths)
+        for a, b in zip(c.tensors(), st.tensors()):
+            assert a.data_ptr() != b.data_ptr() and torch.equal(a.to(b.dtype), b)
+
+
 # -- MLA -----------------------------------------------------------------------------------------
 def test_absorbed_mla_decode_equals_non_absorbed(model32):
     m = model32

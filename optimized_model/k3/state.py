@@ -49,6 +49,12 @@ class DecodeState:
     def clone(self) -> "DecodeState":
         return DecodeState(*(t.clone() for t in self.tensors()), max_len=self.max_len)
 
+    def to_dtype(self, dtype: torch.dtype) -> "DecodeState":
+        """A copy with the model-dtype caches (conv, latent) in ``dtype``, e.g. fp32 for the
+        oracle model; the KDA state is fp32 already and is copied as it is."""
+        return DecodeState(self.conv.to(dtype, copy=True), self.kda.clone(), self.latent.to(dtype, copy=True),
+                           self.lengths.clone(), max_len=self.max_len)
+
     def copy_(self, other: "DecodeState") -> "DecodeState":
         """Copy ``other`` into this state (same batch; other's capacity may be smaller)."""
         self.conv.copy_(other.conv)
