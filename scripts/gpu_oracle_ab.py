@@ -67,6 +67,11 @@ def main() -> int:
             st = start.clone()
             std = torch.stack([model.decode(t, st)[:, :n].float() for t in tokens])
             m = compare(std, ref)
+            top2 = std.topk(2, dim=-1).values
+            log(f"B={B} standard: top-1 tied with top-2 (equal {model.dtype} logits) at "
+                f"{(top2[..., 0] == top2[..., 1]).float().mean().item():.4f} of positions; "
+                f"oracle rounded to {model.dtype} vs standard top1 "
+                f"{compare(ref.to(model.dtype).float(), std)['top1']:.4f}")
             log(f"B={B} ctx {args.context} {'standard':10s} vs oracle: max|d| {m['max_diff']:.4f} "
                 f"mean|d| {m['mean_diff']:.5f} top1 {m['top1']:.3f} KL {m['kl']:.2e}")
         for name, patch in variants:
@@ -83,6 +88,9 @@ def main() -> int:
             if std is not None:
                 vs = compare(out[name], std)
                 log(f"B={B} {name} vs standard: top1 {vs['top1']:.4f} KL(standard || {name}) {vs['kl']:.2e}")
+                # the standard path's logits are bf16 products widened to fp32: round ours alike
+                rd = compare(out[name].to(model.dtype).float(), std)
+                log(f"B={B} {name} rounded to {model.dtype} vs standard: top1 {rd['top1']:.4f}")
         if len(out) >= 2:
             (a, ya), (b, yb) = list(out.items())[:2]
             log(f"B={B} {b} vs {a}: max|d| {(yb - ya).abs().max().item():.4f} "

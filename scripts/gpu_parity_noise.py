@@ -1,0 +1,111 @@
+"""How far the standard path is from ITSELF, in the parity metric (GPU only).
+
+    python3 scripts/gpu_parity_noise.py --batch 32 --context 1024 --steps 64
+
+The parity suite's top-1 agreement (fast vs standard) can only be as fine as the metric's own
+resolution on K3-mini. This script measures that resolution: the same ``--batch`` random
+sequences (a random state at ``--context`` tokens, ``--steps`` random tokens, teacher-forced)
+decoded by the standard path in configurations that compute the same model, each changing only
+what a generic engine would not call a change of numerics:
+
+* ``rows of --split``: the sequences decoded in smaller batches (cuBLAS picks other kernels, so
+  fp32 sums run in another order; every bf16 rounding point stays where it is);
+* ``reduced-precision reduction flipped``: ``torch.backends.cuda.matmul.
+  allow_bf16_reduced_precision_reduction`` toggled (cuBLAS split-K partials in bf16 or fp32);
+* ``KDA backend torch``: the torch fp32 KDA recurrence instead of fla's kernel;
+* ``MoE backend loop``: one F.linear pair per selected expert instead of grouped matmuls.
+
+Each is compared with the default run: top-1 agreement, mean |logit difference| and KL. The
+fast path (table as checked in) and the fp32 oracle are printed beside them for scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from optimized_model.k3.fast import hooks
+from optimized_model.k3.model import K3Model
+from gpu_oracle_ab import compare
+from sweep_util import stopwatch_log
+
+
+def decode_all(model, tokens: torch.Tensor, start, split: int | None = None) -> torch.Tensor:
+    """Teacher-forced logits [steps, B, vocab] of ``model.decode`` from a copy of ``start``,
+    the batch decoded ``split`` rows at a time (all at once when None)."""
+    B = tokens.shape[1]
+    split = split or B
+    parts = []
+    for lo in range(0, B, split):
+        rows = list(range(lo, min(B, lo + split)))
+        st = start.select(rows)
+        parts.append(torch.stack([model.decode(t[rows], st).float() for t in tokens]))
+    return torch.cat(parts, dim=1)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--split", type=int, default=1, help="rows per batch of the split run")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("gpu_parity_noise: no CUDA device here; nothing to measure")
+        return 2
+    log = stopwatch_log()
+    model = K3Model.build("mini", device="cuda", dtype=torch.bfloat16, seed=0)
+    n = model.cfg.n_real_tokens
+    B = args.batch
+    gen = torch.Generator().manual_seed(B)
+    tokens = torch.randint(0, n, (args.steps, B), generator=gen).cuda()
+    cap = -(-(args.context + args.steps) // 64) * 64
+    start = model.random_state(B, args.context, cap, seed=B)
+    base = decode_all(model, tokens, start)[..., :n]
+    runs = {f"rows of {args.split}": lambda: decode_all(model, tokens, start, args.split)}
+
+    def flipped():
+        mm = torch.backends.cuda.matmul
+        before = mm.allow_bf16_reduced_precision_reduction
+        mm.allow_bf16_reduced_precision_reduction = not before
+        try:
+            return decode_all(model, tokens, start)
+        finally:
+            mm.allow_bf16_reduced_precision_reduction = before
+    runs[f"reduced-precision reduction {torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction}"
+         f" -> {not torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction}"] = flipped
+
+    def backend(attr: str, value: str):
+        def run():
+            before = getattr(model, attr)
+            setattr(model, attr, value)
+            try:
+                return decode_all(model, tokens, start)
+            finally:
+                setattr(model, attr, before)
+        return run
+    runs[f"KDA backend torch (default {model.kda_backend})"] = backend("kda_backend", "torch")
+    runs[f"MoE backend loop (default {model.moe_backend})"] = backend("moe_backend", "loop")
+
+    fd = hooks.build_fast_decoder(model, lambda b, c: model.new_state(b, c))
+
+    def fast():
+        st = start.clone()
+        return torch.stack([fd.decode(t, st).float() for t in tokens])
+    runs["fast path (for scale)"] = fast
+    oracle = K3Model.build("mini", device="cuda", dtype=torch.float32, seed=0, oracle=True,
+                           round_dtype=torch.bfloat16)
+    runs["fp32 oracle (for scale)"] = lambda: decode_all(oracle, tokens, start.to_dtype(torch.float32))
+    log(f"standard path, batch {B}, context {args.context}, {args.steps} steps: "
+        f"{B * args.steps} positions; each run vs the default standard run")
+    for name, run in runs.items():
+        y = run()[..., :n]
+        m = compare(y, base)
+        log(f"{name:45s} top1 {m['top1']:.4f}  mean|d| {m['mean_diff']:.5f}  max|d| {m['max_diff']:.4f}  "
+            f"KL {m['kl']:.2e}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
