@@ -95,26 +95,38 @@ def dumps(x: Any) -> str:
 
 
 def score_teacher_forced(model: Any, seqs: list[list[int]], prefill_len: int | None,
-                         max_batch: int | None = None) -> list[Any]:
+                         max_batch: int | None = None, *, groups: list[int] | None = None) -> list[Any]:
     """``model.score(seqs, prefill_len=...)`` (docs/architecture.md): rows from ``prefill_len``
     on come from teacher-forced decode steps, i.e. from the fast decoder on the fast model.
     Scored ``max_batch`` sequences at a time: a larger batch is outside the fast path's scope
-    (it would fall back, and parity would compare the standard path with itself).
+    (it would fall back, and parity would compare the standard path with itself); or, with
+    ``groups``, in calls of those batch sizes in turn (they must add up to ``len(seqs)``).
     ``prefill_len`` None: each chunk is prefilled up to its shortest sequence minus one, so
     every sequence's last row comes from a decode step."""
-    step = max(1, int(max_batch or len(seqs)))
+    if groups is None:
+        step = max(1, int(max_batch or len(seqs)))
+        groups = [step] * -(-len(seqs) // step)
+    elif sum(groups) != len(seqs) or min(groups, default=1) < 1:
+        raise ValueError(f"batch groups {groups} do not split {len(seqs)} sequences")
     out: list[Any] = []
-    for i in range(0, len(seqs), step):
-        chunk = seqs[i:i + step]
+    i = 0
+    for size in groups:
+        chunk = seqs[i:i + size]
+        i += size
         p = min(len(s) for s in chunk) - 1 if prefill_len is None else int(prefill_len)
         out.extend(model.score(chunk, prefill_len=p))
     return out
 
 
-def scope_max_batch(spec: Any, tier: Any) -> int:
-    """The fast path's largest declared batch (spec scope; the tier only slices what it tests)."""
+def scope_batch_sizes(spec: Any, tier: Any) -> list[int]:
+    """The fast path's declared batch sizes, ascending (spec scope; else the tier's)."""
     for obj in (spec, tier):
         sc = getattr(obj, "scope", None)
         if sc and sc.get("batch_sizes"):
-            return int(max(sc["batch_sizes"]))
-    return 4
+            return sorted(int(b) for b in sc["batch_sizes"])
+    return [1, 2, 4]
+
+
+def scope_max_batch(spec: Any, tier: Any) -> int:
+    """The fast path's largest declared batch (spec scope; the tier only slices what it tests)."""
+    return scope_batch_sizes(spec, tier)[-1]

@@ -7,7 +7,10 @@ standard, fast and oracle paths with ``model.score(seqs, prefill_len=prompt leng
 continuation positions run through batched decode steps (the fast decoder on the fast model),
 and the next-token distributions there (~``context`` tokens of context) are compared.
 ``n_seq * g`` >= the gate's ``smoke_tokens`` / ``full_tokens`` (by tier), with ``n_seq`` up to
-the fast path's largest batch so the fast scoring takes ~``g`` decode steps.
+the fast path's largest batch. The sequences are scored in a ladder of in-scope batch sizes
+(``batch_ladder``: 32 sequences → batches of 1, 2, 4, 8, 16, 1), the same on the three paths, so
+each bucket's positions run through several of the fast path's batch buckets; the evidence
+carries the agreement per batch size.
 
 parity_top1_agreement  top-1(fast) == top-1(standard) rate >= threshold, where the noise floor is
                        a_so = top-1 agreement of standard vs oracle in the same run, and
@@ -62,12 +65,30 @@ def plan_sequences(context: int, tokens: int, max_batch: int,
     return n_seq, g
 
 
-def score_positions(model, seqs: list[list[int]], starts: list[int], max_batch: int) -> np.ndarray:
-    """Logits rows predicting tokens seq[start:], stacked over sequences (float64).
+def batch_ladder(n: int, sizes: list[int]) -> list[int]:
+    """Batch sizes to score ``n`` sequences in: each in-scope size once, smallest first, while
+    they fit, then the rest in batches of the largest size (the last one smaller). A bucket
+    scored at a single batch size would say nothing of the tuning table's other batch buckets;
+    e.g. 32 sequences and sizes 1, 2, 4, …, 64 → 1, 2, 4, 8, 16, 1."""
+    groups, left = [], n
+    for b in sizes:
+        if b > left:
+            break
+        groups.append(b)
+        left -= b
+    while left > 0:
+        groups.append(min(left, sizes[-1]))
+        left -= groups[-1]
+    return groups
+
+
+def score_positions(model, seqs: list[list[int]], starts: list[int], groups: list[int]) -> np.ndarray:
+    """Logits rows predicting tokens seq[start:], stacked over sequences (float64), the
+    sequences scored in batches of ``groups``.
 
     Positions from min(starts) - 1 on are teacher-forced DECODE steps (prefill_len), so on
     the fast path they are computed by the fast decoder, not by the standard prefill."""
-    out = H.score_teacher_forced(model, seqs, min(starts) - 1, max_batch)
+    out = H.score_teacher_forced(model, seqs, min(starts) - 1, groups=groups)
     rows = []
     for logits, seq, s in zip(out, seqs, starts):
         t = logits.detach().float().cpu().numpy()
@@ -75,14 +96,12 @@ def score_positions(model, seqs: list[list[int]], starts: list[int], max_batch: 
     return np.concatenate(rows, axis=0).astype(np.float64)
 
 
-def bucket_compare(fp_models, context: int, tokens: int, max_batch: int, seed: int = 0,
+def bucket_compare(fp_models, context: int, tokens: int, batch_sizes: list[int], seed: int = 0,
                    max_prefill_tokens: int | None = None) -> dict:
     """Generate on standard, score on the three paths; returns the metrics of one bucket."""
     std, fast, orc = fp_models["standard"], fp_models["fast"], fp_models["oracle"]
     tok = std.tokenizer
-    n_seq, g = plan_sequences(context, tokens, max_batch, max_prefill_tokens)
-    # score at most n_seq sequences per call: the batch stays in scope and the prefill in budget
-    chunk = n_seq
+    n_seq, g = plan_sequences(context, tokens, batch_sizes[-1], max_prefill_tokens)
     seqs, starts = [], []
     i = 0
     # continuations may stop early (EOS): top up with more prompts, up to 4x the planned number
@@ -97,16 +116,26 @@ def bucket_compare(fp_models, context: int, tokens: int, max_batch: int, seed: i
             if cont:
                 seqs.append(list(p) + cont)
                 starts.append(len(p))
-    ls = score_positions(std, seqs, starts, chunk)
-    lo = score_positions(orc, seqs, starts, chunk)
+    # at most n_seq sequences per call (the prefill stays in budget), in a ladder of batch sizes;
+    # the three paths score the same groups, so a row differs only by the path that computed it
+    groups = batch_ladder(len(seqs), [b for b in batch_sizes if b <= n_seq] or [n_seq])
+    ls = score_positions(std, seqs, starts, groups)
+    lo = score_positions(orc, seqs, starts, groups)
     with trace.recording() as rec:
-        lf = score_positions(fast, seqs, starts, chunk)
+        lf = score_positions(fast, seqs, starts, groups)
     n = ls.shape[0]
+    # the batch size each row was scored at: per-batch agreement, for the report
+    sizes = iter([b for b in groups for _ in range(b)])
+    row_batch = np.concatenate([np.full(len(s) - st, next(sizes)) for s, st in zip(seqs, starts)])
+    by_batch = {int(b): stats.top1_agreement(lf[row_batch == b], ls[row_batch == b])
+                for b in sorted(set(groups))}
     finite_fast = bool(np.isfinite(lf).any(axis=-1).all()) and not bool(np.isnan(lf).any())
     return {
         "n_positions": n,
         "n_seq": len(seqs),
         "generated_per_seq": g,
+        "batch_groups": groups,
+        "top1_fast_standard_by_batch": by_batch,
         "top1_fast_standard": stats.top1_agreement(lf, ls),
         "top1_standard_oracle": stats.top1_agreement(ls, lo),
         "top1_fast_oracle": stats.top1_agreement(lf, lo),
@@ -130,7 +159,7 @@ def test_parity(case, fp_models, fp_gate, fp_spec, fp_tier, record):
     cfg = H.case_config(case)
     context = int(cfg["context"])
     tokens = tokens_for_tier(fp_gate, fp_tier)
-    m = bucket_compare(fp_models, context, tokens, H.scope_max_batch(fp_spec, fp_tier),
+    m = bucket_compare(fp_models, context, tokens, H.scope_batch_sizes(fp_spec, fp_tier),
                        max_prefill_tokens=fp_gate("parity_top1_agreement").get("max_prefill_tokens"))
     g1 = fp_gate("parity_top1_agreement")
     gk = fp_gate("parity_kl")

@@ -73,6 +73,38 @@ def test_parity_threshold_rule():
     assert (n_seq, g) == (4, 512)  # 4 prompts of 32k instead of 64
 
 
+def test_parity_scores_each_bucket_in_a_ladder_of_batch_sizes():
+    scope = [1, 2, 4, 8, 16, 32, 64]
+    assert parity.batch_ladder(32, scope) == [1, 2, 4, 8, 16, 1]
+    assert parity.batch_ladder(4, scope) == [1, 2, 1]
+    assert parity.batch_ladder(1, scope) == [1]
+    assert parity.batch_ladder(130, [1, 2, 4, 8, 16, 32, 64]) == [1, 2, 4, 8, 16, 32, 64, 3]
+    assert parity.batch_ladder(7, [4]) == [4, 3]
+    for n in range(1, 200):
+        groups = parity.batch_ladder(n, scope)
+        assert sum(groups) == n and max(groups) <= 64
+
+
+def test_score_teacher_forced_calls_the_model_once_per_group():
+    from fastpath import suite_helpers as H
+
+    calls = []
+
+    class Model:
+        def score(self, chunk, prefill_len):
+            calls.append((len(chunk), prefill_len))
+            return [f"row{len(calls)}.{j}" for j in range(len(chunk))]
+
+    seqs = [[1, 2, 3]] * 4 + [[1, 2]]
+    out = H.score_teacher_forced(Model(), seqs, None, groups=[1, 2, 2])
+    assert calls == [(1, 2), (2, 2), (2, 1)] and len(out) == 5
+    calls.clear()
+    H.score_teacher_forced(Model(), seqs, 0, max_batch=2)
+    assert calls == [(2, 0), (2, 0), (1, 0)]
+    with pytest.raises(ValueError, match="do not split 5 sequences"):
+        H.score_teacher_forced(Model(), seqs, 0, groups=[2, 2])
+
+
 def _racy(out: list) -> list:
     """Writes its result from a worker thread and does not wait for it (a planted race)."""
     res = [0]
