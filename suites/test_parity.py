@@ -10,7 +10,7 @@ and the next-token distributions there (~``context`` tokens of context) are comp
 the fast path's largest batch. The sequences are scored in a ladder of in-scope batch sizes
 (``batch_ladder``: 32 sequences → batches of 1, 2, 4, 8, 16, 1), the same on the three paths, so
 each bucket's positions run through several of the fast path's batch buckets; the evidence
-carries the agreement per batch size.
+carries the three agreements per batch size (``top1_by_batch``).
 
 parity_top1_agreement  top-1(fast) == top-1(standard) rate >= threshold, where the noise floor is
                        a_so = top-1 agreement of standard vs oracle in the same run, and
@@ -124,18 +124,23 @@ def bucket_compare(fp_models, context: int, tokens: int, batch_sizes: list[int],
     with trace.recording() as rec:
         lf = score_positions(fast, seqs, starts, groups)
     n = ls.shape[0]
-    # the batch size each row was scored at: per-batch agreement, for the report
+    # the batch size each row was scored at: per-batch agreement of the three pairs, for the report
     sizes = iter([b for b in groups for _ in range(b)])
     row_batch = np.concatenate([np.full(len(s) - st, next(sizes)) for s, st in zip(seqs, starts)])
-    by_batch = {int(b): stats.top1_agreement(lf[row_batch == b], ls[row_batch == b])
-                for b in sorted(set(groups))}
+    by_batch = {}
+    for b in sorted(set(groups)):
+        rows = row_batch == b
+        by_batch[int(b)] = {"positions": int(rows.sum()),
+                            "fast_standard": stats.top1_agreement(lf[rows], ls[rows]),
+                            "standard_oracle": stats.top1_agreement(ls[rows], lo[rows]),
+                            "fast_oracle": stats.top1_agreement(lf[rows], lo[rows])}
     finite_fast = bool(np.isfinite(lf).any(axis=-1).all()) and not bool(np.isnan(lf).any())
     return {
         "n_positions": n,
         "n_seq": len(seqs),
         "generated_per_seq": g,
         "batch_groups": groups,
-        "top1_fast_standard_by_batch": by_batch,
+        "top1_by_batch": by_batch,
         "top1_fast_standard": stats.top1_agreement(lf, ls),
         "top1_standard_oracle": stats.top1_agreement(ls, lo),
         "top1_fast_oracle": stats.top1_agreement(lf, lo),

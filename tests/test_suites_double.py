@@ -85,6 +85,47 @@ def test_parity_scores_each_bucket_in_a_ladder_of_batch_sizes():
         assert sum(groups) == n and max(groups) <= 64
 
 
+def test_parity_bucket_reports_agreement_per_batch_size():
+    """A fast path that is wrong only at batch 2 shows it in that batch's evidence alone."""
+    V = 16
+
+    class Tok:
+        def encode(self, text, bos=False):
+            return ([1] if bos else []) + [3 + b % 10 for b in text.encode()]
+
+    class Gen:
+        def __init__(self, ids):
+            self.token_ids = ids
+
+    class Path:
+        tokenizer = Tok()
+
+        def __init__(self, wrong_at_batch=None):
+            self.wrong_at_batch = wrong_at_batch
+
+        def generate(self, reqs):
+            return [Gen([5] * r.max_tokens) for r in reqs]
+
+        def score(self, chunk, prefill_len):
+            out = []
+            for seq in chunk:
+                logits = torch.zeros(len(seq), V)
+                logits[torch.arange(len(seq)), torch.tensor(list(seq[1:]) + [0])] = 1.0
+                if len(chunk) == self.wrong_at_batch:
+                    logits[:, 0] = 2.0
+                out.append(logits)
+            return out
+
+    models = {"standard": Path(), "oracle": Path(), "fast": Path(wrong_at_batch=2)}
+    m = parity.bucket_compare(models, context=16, tokens=32, batch_sizes=[1, 2, 4])
+    assert m["batch_groups"] == [1, 2, 1]  # 4 sequences of 8 tokens
+    by = m["top1_by_batch"]
+    assert [v["positions"] for v in by.values()] == [16, 16] and m["n_positions"] == 32
+    assert by[2]["fast_standard"] == by[2]["fast_oracle"] == 0.0 and by[2]["standard_oracle"] == 1.0
+    assert by[1]["fast_standard"] == 1.0
+    assert m["top1_fast_standard"] == 0.5
+
+
 def test_score_teacher_forced_calls_the_model_once_per_group():
     from fastpath import suite_helpers as H
 
