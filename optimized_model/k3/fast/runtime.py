@@ -357,7 +357,7 @@ class FastDecoder:
         trace.engaged("norm_residual", "fused_gemv_prologue_epilogue", layer=i, batch=B)
 
     def _mla(self, i, p, bufs, state, x, x_out) -> None:
-        from .kernels.mla_decode import mla_decode
+        from .kernels.mla_decode import MAX_SPLITS, MIN_CHUNK, WAVES, mla_decode
 
         cfg = self.cfg
         B = x.shape[0]
@@ -380,8 +380,8 @@ class FastDecoder:
         mla_decode(q_lat, cache, state.lengths, scale=nope ** -0.5, length_offset=1,
                    max_len=cache.shape[1], out=o_lat, block_h=int(mcfg.get("BLOCK_H", 16)),
                    layout=mcfg.get("layout", "head_major"), block_t=mcfg.get("BLOCK_T"),
-                   num_warps=mcfg.get("num_warps"), min_chunk=int(mcfg.get("min_chunk", 128)),
-                   max_splits=int(mcfg.get("max_splits", 128)), waves=float(mcfg.get("waves", 4)),
+                   num_warps=mcfg.get("num_warps"), min_chunk=int(mcfg.get("min_chunk", MIN_CHUNK)),
+                   max_splits=int(mcfg.get("max_splits", MAX_SPLITS)), waves=float(mcfg.get("waves", WAVES)),
                    combine_programs_per_head=int(mcfg.get("combine_programs_per_head", 1)))
         o = bufs["o"][:, : H * v]
         w_uv = p.kv_b[nope: nope + v]  # head 0's W_uv rows; head h at + h * (nope + v) * C

@@ -288,6 +288,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, out: torch.Tensor | None = No
 def _fused(x, weight, dtype=None, norm_weight=None, residual=None, eps=1e-6):
     """The Triton twin's reference semantics (gemv.gemv_reference): RMSNorm of x, matmul,
     residual, in ``dtype`` (the inputs' own dtype for the standard path, fp32 for the oracle)."""
+    # imported here, not at the top: gemv.py defines @triton.jit kernels, and importing them
+    # before a test turns on Triton's interpreter breaks the tests that run after (9975482)
     from .gemv import gemv_reference
 
     return gemv_reference(x, weight, epilogue="residual" if residual is not None else "none",

@@ -25,7 +25,7 @@ Kernels:
 
 The split count NS (``split_plan``) comes from the batch, the head blocks and the context
 bound so that long contexts fill the GPU (``waves`` waves of programs; tuning-table data) while
-each split keeps >= 128 positions, in whole tiles. Empty splits (beyond a sequence's length)
+each split keeps >= ``MIN_CHUNK`` positions, in whole tiles. Empty splits (beyond a sequence's length)
 exit with lse = -inf. Under a CUDA graph, ``max_len`` (the context bound the graph was captured
 for) fixes NS and the split ranges.
 
@@ -52,6 +52,8 @@ from .pdl import pdl_enter
 
 COMPONENT = "mla_decode"
 LAYOUTS = {"head_major": "triton_splitkv", "kv_major": "triton_splitkv_kvmajor"}  # -> trace variant
+# the split-count policy (split_plan); the tuning table's mla_decode entry may set each
+MIN_CHUNK, MAX_SPLITS, WAVES = 128, 128, 4.0
 
 
 @triton.jit
@@ -234,7 +236,7 @@ def _sm_count(device: torch.device) -> int:
 
 
 def choose_splits(batch: int, head_blocks: int, max_len: int, sm_count: int = 132,
-                  min_chunk: int = 128, max_splits: int = 128, waves: float = 4) -> int:
+                  min_chunk: int = MIN_CHUNK, max_splits: int = MAX_SPLITS, waves: float = WAVES) -> int:
     """Split count asked for: enough programs for ``waves`` waves of SMs, each split >=
     ``min_chunk`` positions, at most ``max_splits``. ``split_plan`` turns it into whole tiles."""
     if max_len <= min_chunk:
@@ -244,7 +246,7 @@ def choose_splits(batch: int, head_blocks: int, max_len: int, sm_count: int = 13
 
 
 def split_plan(batch: int, head_blocks: int, max_len: int, block_t: int, *, sm_count: int = 132,
-               min_chunk: int = 128, max_splits: int = 128, waves: float = 4,
+               min_chunk: int = MIN_CHUNK, max_splits: int = MAX_SPLITS, waves: float = WAVES,
                min_tiles: int = 1, num_splits: int | None = None) -> tuple[int, int]:
     """(split count, positions per split): the ``max_len`` positions cut into splits of whole
     ``block_t`` tiles, as many splits as ``choose_splits`` asks (or ``num_splits``) and no more
@@ -266,7 +268,7 @@ def mla_decode(
     length_offset: int = 0, max_len: int | None = None, num_splits: int | None = None,
     block_t: int | None = None, block_h: int = 16, layout: str = "head_major",
     num_warps: int | None = None, num_stages: int = 2, out: torch.Tensor | None = None,
-    min_chunk: int = 128, max_splits: int = 128, waves: float = 4,
+    min_chunk: int = MIN_CHUNK, max_splits: int = MAX_SPLITS, waves: float = WAVES,
     combine_programs_per_head: int = 1,
 ) -> torch.Tensor:
     """Absorbed MLA decode attention (layouts in the module docstring).
@@ -365,7 +367,7 @@ def standard(q, cache, lengths, *, scale, length_offset=0, max_len=None, **_):
 
 
 def fast(q, cache, lengths, *, scale, length_offset=0, max_len=None, num_splits=None, block_h=16,
-         layout="head_major", block_t=None, waves=4, max_splits=128, **_):
+         layout="head_major", block_t=None, waves=WAVES, max_splits=MAX_SPLITS, **_):
     return mla_decode(q, cache, lengths, scale=scale, length_offset=length_offset,
                       max_len=max_len, num_splits=num_splits, block_h=block_h, layout=layout,
                       block_t=block_t, waves=waves, max_splits=max_splits)
