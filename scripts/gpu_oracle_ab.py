@@ -24,15 +24,8 @@ import torch
 
 from optimized_model.k3.fast import hooks, tuning
 from optimized_model.k3.model import K3Model
-from sweep_util import apply_patch, parse_variant, stopwatch_log
-
-
-def compare(y: torch.Tensor, ref: torch.Tensor) -> dict:
-    """Logit error, top-1 agreement and KL(ref ‖ y) over every position of [steps, batch, vocab]."""
-    lp_ref, lp = ref.log_softmax(-1), y.log_softmax(-1)
-    return dict(max_diff=(y - ref).abs().max().item(), mean_diff=(y - ref).abs().mean().item(),
-                top1=(y.argmax(-1) == ref.argmax(-1)).float().mean().item(),
-                kl=(lp_ref.exp() * (lp_ref - lp)).sum(-1).mean().item())
+from sweep_util import (apply_patch, compare_logits, decode_teacher_forced, parse_variant,
+                        stopwatch_log, teacher_forced_inputs)
 
 
 def main() -> int:
@@ -54,42 +47,35 @@ def main() -> int:
     oracle = K3Model.build("mini", device="cuda", dtype=torch.float32, seed=0, oracle=True,
                            round_dtype=torch.bfloat16)
     fd = hooks.build_fast_decoder(model, lambda b, cap: model.new_state(b, cap))
-    n = model.cfg.n_real_tokens
     for B in (int(b) for b in args.batches.split(",")):
-        gen = torch.Generator().manual_seed(B)
-        tokens = torch.randint(0, n, (args.steps, B), generator=gen).cuda()
-        cap = -(-(args.context + args.steps) // 64) * 64  # room for every step
-        start = model.random_state(B, args.context, cap, seed=B)
-        st_o = start.to_dtype(torch.float32)
-        ref = torch.stack([oracle.decode(t, st_o)[:, :n].float() for t in tokens])
+        tokens, start = teacher_forced_inputs(model, B, args.context, args.steps)
+        ref = decode_teacher_forced(oracle, tokens, start.to_dtype(torch.float32))
         out, std = {}, None
         if args.standard:
-            st = start.clone()
-            std = torch.stack([model.decode(t, st)[:, :n].float() for t in tokens])
-            m = compare(std, ref)
+            std = decode_teacher_forced(model, tokens, start)
+            m = compare_logits(std, ref)
             top2 = std.topk(2, dim=-1).values
             log(f"B={B} standard: top-1 tied with top-2 (equal {model.dtype} logits) at "
                 f"{(top2[..., 0] == top2[..., 1]).float().mean().item():.4f} of positions; "
                 f"oracle rounded to {model.dtype} vs standard top1 "
-                f"{compare(ref.to(model.dtype).float(), std)['top1']:.4f}")
+                f"{compare_logits(ref.to(model.dtype).float(), std)['top1']:.4f}")
             log(f"B={B} ctx {args.context} {'standard':10s} vs oracle: max|d| {m['max_diff']:.4f} "
                 f"mean|d| {m['mean_diff']:.5f} top1 {m['top1']:.3f} KL {m['kl']:.2e}")
         for name, patch in variants:
             apply_patch(table, base, patch, B)
             try:
-                st = start.clone()
-                out[name] = torch.stack([fd.decode(t, st)[:, :n].float() for t in tokens])
+                out[name] = decode_teacher_forced(fd, tokens, start)
             finally:
                 table["kernels"] = copy.deepcopy(base)
-            m = compare(out[name], ref)
+            m = compare_logits(out[name], ref)
             log(f"B={B} ctx {args.context} {name:10s} vs oracle: max|d| {m['max_diff']:.4f} "
                 f"mean|d| {m['mean_diff']:.5f} top1 {m['top1']:.3f} KL {m['kl']:.2e} "
                 f"({B * args.steps} positions)")
             if std is not None:
-                vs = compare(out[name], std)
+                vs = compare_logits(out[name], std)
                 log(f"B={B} {name} vs standard: top1 {vs['top1']:.4f} KL(standard || {name}) {vs['kl']:.2e}")
                 # the standard path's logits are bf16 products widened to fp32: round ours alike
-                rd = compare(out[name].to(model.dtype).float(), std)
+                rd = compare_logits(out[name].to(model.dtype).float(), std)
                 log(f"B={B} {name} rounded to {model.dtype} vs standard: top1 {rd['top1']:.4f}")
         if len(out) >= 2:
             (a, ya), (b, yb) = list(out.items())[:2]

@@ -27,21 +27,7 @@ import torch
 
 from optimized_model.k3.fast import hooks
 from optimized_model.k3.model import K3Model
-from gpu_oracle_ab import compare
-from sweep_util import stopwatch_log
-
-
-def decode_all(model, tokens: torch.Tensor, start, split: int | None = None) -> torch.Tensor:
-    """Teacher-forced logits [steps, B, vocab] of ``model.decode`` from a copy of ``start``,
-    the batch decoded ``split`` rows at a time (all at once when None)."""
-    B = tokens.shape[1]
-    split = split or B
-    parts = []
-    for lo in range(0, B, split):
-        rows = list(range(lo, min(B, lo + split)))
-        st = start.select(rows)
-        parts.append(torch.stack([model.decode(t[rows], st).float() for t in tokens]))
-    return torch.cat(parts, dim=1)
+from sweep_util import compare_logits, decode_teacher_forced, stopwatch_log, teacher_forced_inputs
 
 
 def main() -> int:
@@ -56,21 +42,17 @@ def main() -> int:
         return 2
     log = stopwatch_log()
     model = K3Model.build("mini", device="cuda", dtype=torch.bfloat16, seed=0)
-    n = model.cfg.n_real_tokens
     B = args.batch
-    gen = torch.Generator().manual_seed(B)
-    tokens = torch.randint(0, n, (args.steps, B), generator=gen).cuda()
-    cap = -(-(args.context + args.steps) // 64) * 64
-    start = model.random_state(B, args.context, cap, seed=B)
-    base = decode_all(model, tokens, start)[..., :n]
-    runs = {f"rows of {args.split}": lambda: decode_all(model, tokens, start, args.split)}
+    tokens, start = teacher_forced_inputs(model, B, args.context, args.steps)
+    base = decode_teacher_forced(model, tokens, start)
+    runs = {f"rows of {args.split}": lambda: decode_teacher_forced(model, tokens, start, args.split)}
 
     def flipped():
         mm = torch.backends.cuda.matmul
         before = mm.allow_bf16_reduced_precision_reduction
         mm.allow_bf16_reduced_precision_reduction = not before
         try:
-            return decode_all(model, tokens, start)
+            return decode_teacher_forced(model, tokens, start)
         finally:
             mm.allow_bf16_reduced_precision_reduction = before
     runs[f"reduced-precision reduction {torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction}"
@@ -81,7 +63,7 @@ def main() -> int:
             before = getattr(model, attr)
             setattr(model, attr, value)
             try:
-                return decode_all(model, tokens, start)
+                return decode_teacher_forced(model, tokens, start)
             finally:
                 setattr(model, attr, before)
         return run
@@ -89,19 +71,14 @@ def main() -> int:
     runs[f"MoE backend loop (default {model.moe_backend})"] = backend("moe_backend", "loop")
 
     fd = hooks.build_fast_decoder(model, lambda b, c: model.new_state(b, c))
-
-    def fast():
-        st = start.clone()
-        return torch.stack([fd.decode(t, st).float() for t in tokens])
-    runs["fast path (for scale)"] = fast
+    runs["fast path (for scale)"] = lambda: decode_teacher_forced(fd, tokens, start)
     oracle = K3Model.build("mini", device="cuda", dtype=torch.float32, seed=0, oracle=True,
                            round_dtype=torch.bfloat16)
-    runs["fp32 oracle (for scale)"] = lambda: decode_all(oracle, tokens, start.to_dtype(torch.float32))
+    runs["fp32 oracle (for scale)"] = lambda: decode_teacher_forced(oracle, tokens, start.to_dtype(torch.float32))
     log(f"standard path, batch {B}, context {args.context}, {args.steps} steps: "
         f"{B * args.steps} positions; each run vs the default standard run")
     for name, run in runs.items():
-        y = run()[..., :n]
-        m = compare(y, base)
+        m = compare_logits(run(), base)
         log(f"{name:45s} top1 {m['top1']:.4f}  mean|d| {m['mean_diff']:.5f}  max|d| {m['max_diff']:.4f}  "
             f"KL {m['kl']:.2e}")
     return 0

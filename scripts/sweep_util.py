@@ -69,3 +69,39 @@ def max_finite_diff(a, b) -> float:
 
     fin = torch.isfinite(a) & torch.isfinite(b)
     return float((a[fin] - b[fin]).abs().max()) if bool(fin.any()) else float("nan")
+
+
+def teacher_forced_inputs(model, batch: int, context: int, steps: int):
+    """(tokens [steps, batch], start state): ``batch`` random sequences already at ``context``
+    tokens (the model's random state, seed = batch) and ``steps`` random tokens to feed them;
+    the state has room for every step (capacity rounded up to 64)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(batch)
+    tokens = torch.randint(0, model.cfg.n_real_tokens, (steps, batch), generator=gen).to(model.device)
+    cap = -(-(context + steps) // 64) * 64
+    return tokens, model.random_state(batch, context, cap, seed=batch)
+
+
+def decode_teacher_forced(decoder, tokens, start, split: int | None = None):
+    """fp32 logits [steps, B, real vocab] of ``decoder.decode`` (a K3Model, the oracle, a
+    FastDecoder) fed ``tokens`` [steps, B] from a copy of ``start``, the batch decoded ``split``
+    rows at a time (all at once when None)."""
+    import torch
+
+    B = tokens.shape[1]
+    split = split or B
+    parts = []
+    for lo in range(0, B, split):
+        rows = list(range(lo, min(B, lo + split)))
+        st = start.select(rows)
+        parts.append(torch.stack([decoder.decode(t[rows], st).float() for t in tokens]))
+    return torch.cat(parts, dim=1)[..., : decoder.cfg.n_real_tokens]
+
+
+def compare_logits(y, ref) -> dict:
+    """Logit error, top-1 agreement and KL(ref ‖ y) over every position of [..., vocab]."""
+    lp_ref, lp = ref.log_softmax(-1), y.log_softmax(-1)
+    return dict(max_diff=(y - ref).abs().max().item(), mean_diff=(y - ref).abs().mean().item(),
+                top1=(y.argmax(-1) == ref.argmax(-1)).float().mean().item(),
+                kl=(lp_ref.exp() * (lp_ref - lp)).sum(-1).mean().item())

@@ -1,12 +1,15 @@
 """The helpers of the GPU scripts (scripts/sweep_util.py): table patches (gpu_table_ab.py's
 variants, gpu_step_timeline.py's --patch) and the logit comparison (gpu_table_ab.py,
-gpu_pdl_check.py)."""
+gpu_pdl_check.py), the teacher-forced decoding of gpu_oracle_ab.py and gpu_parity_noise.py."""
 
 import copy
+import os
 import sys
 from pathlib import Path
 
 import math
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any fast kernel module is imported (the last test)
 
 import pytest
 import torch
@@ -49,3 +52,29 @@ def test_max_finite_diff_skips_the_masked_entries():
     b = torch.tensor([1.5, -inf, 2.0, 7.0])
     assert S.max_finite_diff(a, b) == 1.0
     assert math.isnan(S.max_finite_diff(torch.tensor([-inf]), torch.tensor([-inf])))
+
+
+def test_teacher_forced_decoding_of_the_standard_and_fast_paths():
+    """gpu_oracle_ab.py / gpu_parity_noise.py on the tiny model: the inputs are reproducible,
+    the start state is never modified, a split batch computes the same logits, and a
+    FastDecoder decodes through the same helper (within the interpreter's fp32 noise)."""
+    import torch
+
+    from optimized_model.k3.fast import hooks
+    from optimized_model.k3.model import K3Model
+
+    m = K3Model.build("tiny", device="cpu", dtype=torch.float32, seed=0)
+    tokens, start = S.teacher_forced_inputs(m, 3, 10, 4)
+    again, _ = S.teacher_forced_inputs(m, 3, 10, 4)
+    assert tokens.shape == (4, 3) and torch.equal(tokens, again) and int(tokens.max()) < m.cfg.n_real_tokens
+    assert start.capacity == 64 and start.max_len == 10
+    before = start.clone()
+    y = S.decode_teacher_forced(m, tokens, start)
+    assert y.shape == (4, 3, m.cfg.n_real_tokens) and y.dtype == torch.float32
+    assert all(torch.equal(a, b) for a, b in zip(start.tensors(), before.tensors()))
+    torch.testing.assert_close(S.decode_teacher_forced(m, tokens, start, split=1), y)
+    fd = hooks.build_fast_decoder(m, lambda b, c: m.new_state(b, c))
+    yf = S.decode_teacher_forced(fd, tokens, start)
+    c = S.compare_logits(yf, y)
+    assert c["top1"] == 1.0 and c["max_diff"] < 1e-3 and 0 <= c["kl"] < 1e-6
+    assert S.compare_logits(y, y) == dict(max_diff=0.0, mean_diff=0.0, top1=1.0, kl=0.0)
