@@ -147,7 +147,7 @@ def _build(warps: int, rows_per_warp: int, norm: bool = False, residual: bool = 
 
 def _define_kernel() -> Any:
 
-    def accumulate(gW, gX, gNW, acc, ss, row0, j, w_row, N, M, RPW, NORM):
+    def accumulate(gW, gX, gNW, acc, ss, j, w_row, M, RPW, NORM):
         """Add one 16-byte vector column ``j`` of this lane's rows to its sums (traced inline;
         ``w_row[r]`` is row r's W vector at j). With NORM, Σ x² gathers the sum of squares and
         x·nw is rounded to the working dtype, as the Triton prologue rounds x."""
@@ -206,11 +206,11 @@ def _define_kernel() -> Any:
             cute.arch.griddepcontrol_wait()
             cute.arch.griddepcontrol_launch_dependents()
         if lane < KV:
-            accumulate(gW, gX, gNW, acc, ss, row0, lane, w_first, N, M, RPW, NORM)
+            accumulate(gW, gX, gNW, acc, ss, lane, w_first, M, RPW, NORM)
         for i in cutlass.range(1, (KV + 31) // 32, unroll=4):
             j = lane + 32 * i
             if j < KV:
-                accumulate(gW, gX, gNW, acc, ss, row0, j, w_vectors(gW, row0, j, N, RPW), N, M, RPW, NORM)
+                accumulate(gW, gX, gNW, acc, ss, j, w_vectors(gW, row0, j, N, RPW), M, RPW, NORM)
 
         if cutlass.const_expr(NORM):
             # each lane summed a different part of K: the warp's sum covers all of it
