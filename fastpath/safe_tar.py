@@ -4,12 +4,19 @@ Every member header is inspected before a single byte is extracted: absolute pat
 links, device/fifo/sparse members, duplicate names, NUL or backslash in names, too many members,
 members or totals over the size limits are all rejected with a specific reason. The size limit
 is checked on the header, so a member claiming 10 GB is refused without reading its data.
+
+The archive's framing is strict too, so no other tool can read more out of it than we do:
+- exactly one gzip member, nothing after its trailer (a second member, appended bytes);
+- metadata headers (pax extended/global, GNU long name/link) are size-capped per header and in
+  total BEFORE tarfile reads them into memory (a header bomb fails fast, in bounded memory);
+- after the tar end-of-archive marker only zero padding may follow (a second archive, members
+  that `tar --ignore-zeros` would extract, a header hidden after the end are all refused).
 Extraction then writes regular files only, created exclusively inside a fresh temp dir.
 """
 
 from __future__ import annotations
 
-import gzip
+import hashlib
 import io
 import os
 import shutil
@@ -21,6 +28,19 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Iterator
+
+# Caps on tar metadata headers, enforced on the header's declared size before its data is read.
+# A bundle's names are short (pack writes a pax header only for a name > 100 characters or
+# non-ASCII), so 64 KiB per header and 1 MiB per archive are far above anything genuine.
+MAX_META_HEADER_BYTES = 64 << 10
+MAX_META_TOTAL_BYTES = 1 << 20
+# pax/GNU headers may chain (pax + long name + member); more than this in a row is hostile.
+MAX_META_CHAIN = 4
+# Zero padding allowed after the end-of-archive marker (tarfile pads to 10 KiB records).
+MAX_TRAILING_ZERO_BYTES = 1 << 20
+_META_TYPES = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE,
+               tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
+_CHUNK = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -112,16 +132,23 @@ def _member_kind(m: tarfile.TarInfo) -> str | None:
     return f"unsupported member type {m.type!r}"
 
 
-class _Capped(io.RawIOBase):
-    """The decompressed stream, refusing to yield more than ``cap`` bytes: a gzip bomb (even one
-    hidden in a pax header, which tarfile reads into memory) stops at the cap."""
+class _GzipStream(io.RawIOBase):
+    """The decompressed tar stream of a single-member gzip file, read forward only.
 
-    def __init__(self, gz: gzip.GzipFile, cap: int):
-        self.gz, self.cap = gz, cap
+    Refuses to yield more than ``cap`` bytes (a gzip bomb stops there), refuses anything after
+    the gzip trailer, keeps the last block it returned (to look at the end-of-archive marker)
+    and hashes everything it decompresses (the check compares that with `pack`'s stream).
+    """
 
-    def _guard(self, end: int) -> None:
-        if end > self.cap:
-            raise UnsafeBundle(f"archive decompresses to more than {self.cap} bytes")
+    def __init__(self, raw, cap: int):
+        self.raw, self.cap = raw, cap
+        self.z = zlib.decompressobj(wbits=31)  # gzip framing only, one member
+        self.buf = b""
+        self.pos = 0  # decompressed bytes handed out (or skipped)
+        self.produced = 0
+        self.tail = b""  # the last <= 512 bytes handed out
+        self.sha = hashlib.sha256()
+        self.ended = False
 
     def readable(self) -> bool:
         return True
@@ -129,11 +156,42 @@ class _Capped(io.RawIOBase):
     def seekable(self) -> bool:
         return True
 
+    def _fill(self) -> bool:
+        """Decompress a little more into buf; False at the end of the gzip member."""
+        while not self.ended:
+            if self.z.eof:
+                self._finish_member()
+                return False
+            chunk = self.raw.read(_CHUNK)
+            if not chunk:
+                raise UnsafeBundle("gzip stream is truncated (no gzip trailer)")
+            out = self.z.decompress(chunk, _CHUNK * 16)
+            while self.z.unconsumed_tail and len(out) < _CHUNK * 64:
+                out += self.z.decompress(self.z.unconsumed_tail, _CHUNK * 16)
+            if self.z.unconsumed_tail:  # keep the rest for the next call
+                self.raw = _Prepend(self.z.unconsumed_tail, self.raw)
+            if out:
+                self.produced += len(out)
+                if self.produced > self.cap:
+                    raise UnsafeBundle(f"archive decompresses to more than {self.cap} bytes")
+                self.sha.update(out)
+                self.buf += out
+                return True
+        return False
+
+    def _finish_member(self) -> None:
+        self.ended = True
+        if self.z.unused_data or self.raw.read(1):
+            raise UnsafeBundle("bytes after the gzip trailer (a second gzip member or appended data)")
+
     def read(self, n: int = -1) -> bytes:
         if n is None or n < 0:
-            n = self.cap + 1 - self.gz.tell()
-        data = self.gz.read(n)
-        self._guard(self.gz.tell())
+            n = self.cap + 1
+        while len(self.buf) < n and self._fill():
+            pass
+        data, self.buf = self.buf[:n], self.buf[n:]
+        self.pos += len(data)
+        self.tail = (self.tail + data)[-tarfile.BLOCKSIZE:]
         return data
 
     def readinto(self, b) -> int:
@@ -142,22 +200,98 @@ class _Capped(io.RawIOBase):
         return len(data)
 
     def seek(self, pos: int, whence: int = 0) -> int:
-        target = {0: pos, 1: self.gz.tell() + pos}.get(whence)
-        if target is None:
-            raise OSError("seek from the end is not supported")
-        self._guard(target)
-        return self.gz.seek(target)
+        target = {0: pos, 1: self.pos + pos}.get(whence)
+        if target is None or target < self.pos:
+            raise OSError("the archive stream is read forward only")
+        while self.pos < target:  # skipping data still decompresses (and counts) it
+            if not self.read(min(_CHUNK, target - self.pos)):
+                break
+        return self.pos
 
     def tell(self) -> int:
-        return self.gz.tell()
+        return self.pos
+
+    def drain(self) -> int:
+        """Read to the end; the number of bytes read."""
+        n = 0
+        while chunk := self.read(_CHUNK):
+            n += len(chunk)
+        return n
+
+
+class _Prepend:
+    """``data`` then the rest of ``raw``: compressed input zlib has not consumed yet."""
+
+    def __init__(self, data: bytes, raw):
+        self.data, self.raw = data, raw
+
+    def read(self, n: int) -> bytes:
+        if self.data:
+            out, self.data = self.data[:n], self.data[n:]
+            return out
+        return self.raw.read(n)
+
+
+class _GuardedTarInfo(tarfile.TarInfo):
+    """Caps metadata headers on their declared size before tarfile reads them into memory."""
+
+    def _proc_member(self, tar):
+        if self.type in _META_TYPES:
+            tar._meta_chain = getattr(tar, "_meta_chain", 0) + 1
+            tar._meta_total = getattr(tar, "_meta_total", 0) + max(self.size, 0)
+            kind = "GNU long-name" if self.type in (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK) else "pax"
+            if self.size > MAX_META_HEADER_BYTES:
+                raise UnsafeBundle(f"{kind} header of {self.size} bytes exceeds the "
+                                   f"{MAX_META_HEADER_BYTES}-byte cap per metadata header")
+            if tar._meta_total > MAX_META_TOTAL_BYTES:
+                raise UnsafeBundle(f"metadata headers exceed the {MAX_META_TOTAL_BYTES}-byte cap per archive")
+            if tar._meta_chain > MAX_META_CHAIN:
+                raise UnsafeBundle(f"more than {MAX_META_CHAIN} metadata headers in a row")
+        else:
+            tar._meta_chain = 0
+            if self.type == tarfile.GNUTYPE_SPARSE:  # its extension headers are never read
+                raise UnsafeBundle("sparse member", self.name)
+        return super()._proc_member(tar)
+
+
+def _stream_cap(limits: Limits) -> int:
+    # Headers, pax records and padding add to the data: 3 blocks per member plus the caps.
+    return (limits.max_total_bytes + 3 * 512 * (limits.max_members + 2) + MAX_META_TOTAL_BYTES
+            + MAX_TRAILING_ZERO_BYTES + (1 << 20))
 
 
 @contextmanager
-def _open_tar(path: Path, limits: Limits) -> Iterator[tarfile.TarFile]:
-    # Headers, pax records and padding may add to the data: allow 3 blocks per member on top.
-    cap = limits.max_total_bytes + 3 * 512 * (limits.max_members + 2) + (1 << 20) * 2
-    with gzip.open(path, "rb") as gz, tarfile.open(fileobj=_Capped(gz, cap), mode="r:") as tar:
-        yield tar
+def _open_tar(path: Path, limits: Limits) -> Iterator[tuple[tarfile.TarFile, _GzipStream]]:
+    with open(path, "rb") as raw:
+        stream = _GzipStream(raw, _stream_cap(limits))
+        with tarfile.open(fileobj=stream, mode="r:", tarinfo=_GuardedTarInfo) as tar:
+            yield tar, stream
+
+
+def _check_end(tar: tarfile.TarFile, stream: _GzipStream) -> None:
+    """After the last member: the end-of-archive marker (two zero blocks), then only zeros, then
+    the end of the one gzip member. tarfile stops at the first zero *or unreadable* block, so
+    anything hidden after it (a second archive, members for --ignore-zeros) is caught here."""
+    end = tar.offset  # where tarfile stopped looking for headers
+    seen = stream.tell() - end  # bytes of the stopping block tarfile already read
+    if seen < 0 or seen > len(stream.tail):
+        raise UnsafeBundle("tar stream ends inside a member (truncated archive)")
+    if seen and stream.tail[-seen:].count(0) != seen:
+        raise UnsafeBundle(f"non-zero bytes after the tar end-of-archive marker at offset {end} "
+                           "(a header hidden after the end: another tool would extract more)")
+    zeros = seen
+    while chunk := stream.read(_CHUNK):
+        if chunk.count(0) != len(chunk):
+            raise UnsafeBundle(f"non-zero bytes after the tar end-of-archive marker at offset {end} "
+                               "(a second archive or members another tool's --ignore-zeros would extract)")
+        zeros += len(chunk)
+        if zeros > MAX_TRAILING_ZERO_BYTES:
+            raise UnsafeBundle(f"more than {MAX_TRAILING_ZERO_BYTES} bytes of padding after the tar end-of-archive marker")
+    if zeros < 2 * tarfile.BLOCKSIZE:
+        raise UnsafeBundle("no tar end-of-archive marker (two zero blocks): truncated archive")
+
+
+_READ_ERRORS = (tarfile.TarError, OSError, EOFError, zlib.error)
 
 
 def inspect_archive(path: Path, limits: Limits = Limits()) -> list[tuple[str, tarfile.TarInfo]]:
@@ -165,7 +299,7 @@ def inspect_archive(path: Path, limits: Limits = Limits()) -> list[tuple[str, ta
     budget = _Budget(limits)
     out = []
     try:
-        with _open_tar(path, limits) as tar:
+        with _open_tar(path, limits) as (tar, stream):
             # Iterating reads one header at a time; checking before the next step means a huge
             # member's data is never skipped over (let alone read).
             for m in tar:
@@ -179,8 +313,8 @@ def inspect_archive(path: Path, limits: Limits = Limits()) -> list[tuple[str, ta
                     raise UnsafeBundle("negative member size", m.name)
                 budget.add(name, is_dir=m.isdir(), size=m.size)
                 out.append((name, m))
-            _drain(tar.fileobj)
-    except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
+            _check_end(tar, stream)
+    except _READ_ERRORS as e:
         raise UnsafeBundle(f"not a readable .tar.gz archive ({e})") from e
     budget.finish()
     if not out:
@@ -188,14 +322,15 @@ def inspect_archive(path: Path, limits: Limits = Limits()) -> list[tuple[str, ta
     return out
 
 
-def _drain(gz, limit: int = 1 << 20) -> None:
-    """Read to the end of the gzip stream so its CRC and length are verified; only a little
-    padding may follow the tar end-of-archive blocks."""
-    extra = 0
-    while chunk := gz.read(1 << 16):
-        extra += len(chunk)
-        if extra > limit:
-            raise UnsafeBundle(f"more than {limit} bytes after the end of the tar archive")
+def tar_stream_digest(path: Path, limits: Limits = Limits()) -> tuple[str, int]:
+    """(sha256 hex, size) of the archive's decompressed tar stream, read with the same guards."""
+    try:
+        with open(path, "rb") as raw:
+            stream = _GzipStream(raw, _stream_cap(limits))
+            stream.drain()
+            return stream.sha.hexdigest(), stream.produced
+    except _READ_ERRORS as e:
+        raise UnsafeBundle(f"not a readable .tar.gz archive ({e})") from e
 
 
 def _write_member(tar: tarfile.TarFile, m: tarfile.TarInfo, target: Path, limit: int) -> None:
@@ -219,7 +354,7 @@ def extract_archive(path: Path, dest: Path, limits: Limits = Limits()) -> None:
     members = inspect_archive(path, limits)
     root = Path(dest).resolve()
     try:
-        with _open_tar(path, limits) as tar:
+        with _open_tar(path, limits) as (tar, stream):
             by_name = {m.name: name for name, m in members}
             for m in tar:
                 if m.isdir() and m.name.strip("/") in ("", "."):
@@ -235,7 +370,8 @@ def extract_archive(path: Path, dest: Path, limits: Limits = Limits()) -> None:
                 else:
                     target.parent.mkdir(parents=True, exist_ok=True)
                     _write_member(tar, m, target, m.size)
-    except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
+            _check_end(tar, stream)
+    except _READ_ERRORS as e:
         raise UnsafeBundle(f"archive unreadable during extraction ({e})") from e
 
 

@@ -71,8 +71,11 @@ SCHEMA = Field("table", fields={
         "key": Field("str", required=True),
         "value": Field("str", required=True),
     }),
+    # What a bundle attests (fastpath/digest.py attested_parts): globs relative to the repo root.
     "sources": Field("table", required=True, fields={
-        "globs": Field("list", required=True, nonempty=True, unique=True, items=Field("str")),
+        "globs": Field("list", required=True, nonempty=True, unique=True, items=Field("str")),  # the fast path
+        "validation": Field("list", nonempty=True, unique=True, items=Field("str")),  # suites, harness
+        "subject": Field("list", nonempty=True, unique=True, items=Field("str")),  # model code, weights
     }),
     "scope": Field("table", required=True, fields={
         "hardware": Field("list", required=True, nonempty=True, unique=True,
@@ -148,6 +151,8 @@ class Spec:
     description: str
     switch: dict[str, str]
     source_globs: list[str]
+    validation_globs: list[str] | None  # None: the defaults of fastpath.digest
+    subject_globs: list[str] | None
     scope: dict[str, Any]
     features: dict[str, Any]
     kernel_names: list[str] | None
@@ -155,6 +160,11 @@ class Spec:
     gates: Gates
     raw_text: str = field(repr=False)
     digest: str = ""  # sha256 hex of the file's bytes
+
+    @property
+    def declared_sources(self) -> frozenset[str]:
+        """[sources] keys written in the spec (their globs must match files)."""
+        return frozenset(k for k, v in (("validation", self.validation_globs), ("subject", self.subject_globs)) if v)
 
     def tier(self, name: str) -> Tier:
         if name not in self.tiers:
@@ -335,6 +345,11 @@ def load_spec(path: str | Path) -> Spec:
 
 def _semantic_checks(data: dict, v: _Validator) -> None:
     """Rules that relate several keys."""
+    for key in ("globs", "validation", "subject"):
+        for i, glob in enumerate(data["sources"].get(key, [])):
+            parts = glob.replace("\\", "/").split("/")
+            if not glob or glob.startswith("/") or ".." in parts or "\\" in glob:
+                v.err(["sources", key, i], f"{glob!r} is not valid; expected a relative glob inside the repository")
     max_context = data["features"]["max_context"]
     for i, c in enumerate(data["scope"]["context_lengths"]):
         if c > max_context:
@@ -365,7 +380,8 @@ def _build(path: Path, data: dict, text: str, digest: str) -> Spec:
     fp = data["fastpath"]
     return Spec(
         path=path, name=fp["name"], engine=fp["engine"], description=fp.get("description", ""),
-        switch=dict(data["switch"]), source_globs=list(data["sources"]["globs"]), scope=scope,
+        switch=dict(data["switch"]), source_globs=list(data["sources"]["globs"]),
+        validation_globs=data["sources"].get("validation"), subject_globs=data["sources"].get("subject"), scope=scope,
         features=features, kernel_names=(data.get("kernels") or {}).get("names"), tiers=tiers,
         gates=gates, raw_text=text, digest=digest,
     )
