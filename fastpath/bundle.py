@@ -3,21 +3,29 @@
     NAME.fastpath/
       manifest.json          every other file (except statement*.json): path, size, sha256
       statement.json  statement.dsse.json     written by fastpath.signing
-      spec.toml  plan.json  environment.json  source_digest.json  summary.json
+      spec.toml  plan.json  environment.json  attested.json  summary.json
       results/rows.parquet   logs/...          report.html
 
-A bundle is written into a temp dir beside its destination and renamed into place, so a crash
-never leaves a half-written bundle under the final name.
+attested.json is fastpath.digest.attested_parts of the tree that ran: the four attested digests
+(fast_path, validation, subject, spec) with their file lists, the spec's repo-relative path and
+the harness version.
+
+A bundle is written, signed and packed in a temp dir beside its destination and only then
+renamed into place, so a crash or signal never leaves a half-written or signed-but-unpacked
+bundle under the final name. The archive is named NAME.fastpath.tar.gz for NAME.fastpath/;
+`fastpath verify` names bundles ``<spec name>.<tier>.fastpath``.
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import os
 import shutil
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 
@@ -29,6 +37,13 @@ ENVELOPE = "statement.dsse.json"
 # Files the manifest does not list: the manifest itself and what signs it.
 UNLISTED = frozenset({MANIFEST, STATEMENT, ENVELOPE})
 ROWS = "results/rows.parquet"
+ATTESTED = "attested.json"
+SUFFIX = ".fastpath"
+
+
+def bundle_name(spec_name: str, tier: str) -> str:
+    """The bundle directory's name; its archive is this + ".tar.gz"."""
+    return f"{spec_name}.{tier}{SUFFIX}"
 
 
 def write_json(path: Path, obj) -> None:
@@ -96,8 +111,12 @@ def _copy_logs(src: Path, dst: Path) -> None:
 
 def write_bundle(out_dir: Path, *, spec_path: Path, plan: dict, rows: pd.DataFrame, summary: dict,
                  environment: dict, logs_dir: Path | None, report_html: str | None = None,
-                 source_digest: dict) -> Path:
-    """Write the bundle directory atomically and return its path (manifest included, unsigned)."""
+                 attested: dict, sign: Callable[[Path], object] | None = None, archive: bool = False) -> Path:
+    """Write the bundle directory atomically and return its path (manifest included).
+
+    ``sign(dir)`` signs it and ``archive`` packs it while it is still staged under a temp name:
+    the final name appears only once everything is done (the archive is replaced first).
+    """
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
@@ -109,7 +128,7 @@ def write_bundle(out_dir: Path, *, spec_path: Path, plan: dict, rows: pd.DataFra
         if rel and "spec_path" not in env:
             env["spec_path"] = rel
         write_json(tmp / "environment.json", env)
-        write_json(tmp / "source_digest.json", source_digest)
+        write_json(tmp / ATTESTED, attested)
         (tmp / "results").mkdir()
         rows.reset_index(drop=True).to_parquet(tmp / ROWS, index=False)
         write_json(tmp / "summary.json", summary)
@@ -119,11 +138,34 @@ def write_bundle(out_dir: Path, *, spec_path: Path, plan: dict, rows: pd.DataFra
         if report_html is not None:
             (tmp / "report.html").write_text(report_html, encoding="utf-8")
         write_manifest(tmp)
-        _replace_dir(tmp, out_dir)
+        _seal(tmp, out_dir, sign, archive)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def _seal(staged: Path, out_dir: Path, sign: Callable[[Path], object] | None, archive: bool) -> None:
+    if sign is not None:
+        sign(staged)
+    if archive:
+        pack(staged, top=out_dir.name, out=archive_path(out_dir))
+    _replace_dir(staged, out_dir)
+
+
+def reseal(bundle_dir: Path, sign: Callable[[Path], object]) -> Path:
+    """Sign an existing bundle directory and re-pack it, staged in a copy: an interrupt leaves
+    the old directory and archive as they were. Returns the archive."""
+    bundle_dir = Path(bundle_dir)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{bundle_dir.name}.", suffix=".tmp", dir=bundle_dir.parent))
+    try:
+        os.rmdir(tmp)
+        shutil.copytree(bundle_dir, tmp, symlinks=True)
+        _seal(tmp, bundle_dir, sign, True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return archive_path(bundle_dir)
 
 
 def _replace_dir(new: Path, dest: Path) -> None:
@@ -156,16 +198,8 @@ def _tarinfo(name: str, *, is_dir: bool, size: int = 0) -> tarfile.TarInfo:
     return info
 
 
-def pack(bundle_dir: Path) -> Path:
-    """Write NAME.fastpath.tar.gz beside the bundle: same content -> same bytes.
-
-    Members are sorted, live under NAME.fastpath/, have mtime 0, owner 0/"" and mode 0644/0755;
-    the gzip header carries mtime 0 and no file name.
-    """
-    bundle_dir = Path(bundle_dir)
-    if not (bundle_dir / MANIFEST).is_file():
-        raise FileNotFoundError(f"{bundle_dir} is not a bundle (no {MANIFEST})")
-    top = bundle_dir.name
+def _write_tar(fileobj, bundle_dir: Path, top: str) -> None:
+    """The canonical tar stream of a bundle: `check` compares an archive's stream with this."""
     dirs: set[str] = set()
     files = bundle_files(bundle_dir)
     for rel in files:
@@ -174,23 +208,59 @@ def pack(bundle_dir: Path) -> Path:
             dirs.add("/".join(parts[:i]))
     entries = [(top, True)] + [(f"{top}/{d}", True) for d in dirs] + [(f"{top}/{f}", False) for f in files]
     entries.sort(key=lambda e: e[0])
+    with tarfile.open(fileobj=fileobj, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, is_dir in entries:
+            if is_dir:
+                tar.addfile(_tarinfo(name, is_dir=True))
+                continue
+            path = bundle_dir / name[len(top) + 1:]
+            with open(path, "rb") as src:
+                tar.addfile(_tarinfo(name, is_dir=False, size=path.stat().st_size), src)
 
-    out = archive_path(bundle_dir)
-    tmp = out.with_name(f".{out.name}.tmp")
-    with open(tmp, "wb") as f:
-        # Stream tar -> gzip -> file: a large bundle is never held in memory.
-        with gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0, compresslevel=9) as gz:
-            with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                for name, is_dir in entries:
-                    if is_dir:
-                        tar.addfile(_tarinfo(name, is_dir=True))
-                        continue
-                    path = bundle_dir / name[len(top) + 1:]
-                    with open(path, "rb") as src:
-                        tar.addfile(_tarinfo(name, is_dir=False, size=path.stat().st_size), src)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, out)
+
+class _HashSink:
+    def __init__(self):
+        self.sha, self.size = hashlib.sha256(), 0
+
+    def write(self, data) -> int:
+        self.sha.update(data)
+        self.size += len(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self.size
+
+
+def canonical_tar_digest(bundle_dir: Path, top: str | None = None) -> tuple[str, int]:
+    """(sha256 hex, size) of the tar stream `pack` writes for this directory."""
+    sink = _HashSink()
+    _write_tar(sink, Path(bundle_dir), top or Path(bundle_dir).name)
+    return sink.sha.hexdigest(), sink.size
+
+
+def pack(bundle_dir: Path, *, top: str | None = None, out: Path | None = None) -> Path:
+    """Write NAME.fastpath.tar.gz beside the bundle: same content -> same bytes.
+
+    Members are sorted, live under ``top`` (default NAME.fastpath/), have mtime 0, owner 0/""
+    and mode 0644/0755; the gzip header carries mtime 0 and no file name.
+    """
+    bundle_dir = Path(bundle_dir)
+    if not (bundle_dir / MANIFEST).is_file():
+        raise FileNotFoundError(f"{bundle_dir} is not a bundle (no {MANIFEST})")
+    out = Path(out) if out else archive_path(bundle_dir)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            # Stream tar -> gzip -> file: a large bundle is never held in memory.
+            with gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0, compresslevel=9) as gz:
+                _write_tar(gz, bundle_dir, top or bundle_dir.name)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return out
 
 

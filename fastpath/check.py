@@ -3,6 +3,12 @@
 Checks are named units run in order (as in MLPerf's submission checker); each lists the rules it
 depends on and is skipped, with the reason, when one of them failed. Every failure names its
 rule and a specific reason. The bundle is read only after `safe_extraction` has vetted it.
+
+The spec a bundle is judged against is the one the TREE declares (``--spec``, else the
+``[tool.fastpath] default_spec`` of the source's pyproject.toml), never the path the bundle
+recorded. Freshness: ``enforce`` fails on any stale attested part (fast path, validation,
+subject, spec); ``warn`` still checks integrity fully but reports staleness as warnings and
+judges plan, hardware and gates by the bundle's own spec.toml.
 """
 
 from __future__ import annotations
@@ -17,18 +23,23 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from fastpath.bundle import ENVELOPE, MANIFEST, ROWS, STATEMENT, UNLISTED, build_manifest
-from fastpath.digest import SourceDigestError, sha256_file, source_digest
-from fastpath.safe_tar import Limits, UnsafeBundle, check_name, open_bundle
-from fastpath.signing import SOURCE_SUBJECT, SignatureError, keyid, parse_public_key, verify_envelope_keys
+from fastpath.bundle import ATTESTED, ENVELOPE, MANIFEST, ROWS, STATEMENT, UNLISTED, build_manifest, canonical_tar_digest
+from fastpath.digest import PARTS, SourceDigestError, attested_parts, sha256_file, stale_parts, tree_digest
+from fastpath.safe_tar import Limits, UnsafeBundle, check_name, open_bundle, tar_stream_digest
+from fastpath.signing import PREDICATE_TYPE, SUBJECT_PREFIX, SignatureError, keyid, parse_public_key, verify_envelope_keys
 
 TIERS = ("smoke", "full")  # ascending strength
-# Gate statuses a tier accepts; all-waived gates are allowed on smoke only (docs/architecture.md).
-ACCEPTED_GATE_STATUS = {"smoke": {"pass", "waived"}, "full": {"pass"}}
+FRESHNESS = ("enforce", "warn")
+PART_LABELS = {"fast_path": "fast-path sources", "validation": "validation sources", "subject": "subject",
+               "spec": "spec"}
 
 
 class Fail(Exception):
     """Raised inside a rule: the rule fails with this reason."""
+
+
+class BadInput(Exception):
+    """The check cannot start (missing file, not a bundle, unreadable trust policy or spec): exit 2."""
 
 
 # --- trust policy ----------------------------------------------------------------------------
@@ -42,14 +53,19 @@ class TrustedKey:
 
 
 def load_trust(path: Path) -> dict[str, TrustedKey]:
-    """keyid -> TrustedKey from bundles/trusted_keys.toml; a malformed entry is an error."""
+    """keyid -> TrustedKey from bundles/trusted_keys.toml; a malformed or repeated entry is an error."""
     try:
         data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as e:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise Fail(f"cannot read trust policy {path}: {e}") from e
+    keys = data.get("keys", [])
+    if not isinstance(keys, list):
+        raise Fail(f"{path}: keys must be an array of [[keys]] tables")
     out = {}
-    for i, entry in enumerate(data.get("keys", [])):
+    for i, entry in enumerate(keys):
         where = f"{path}: keys[{i}]"
+        if not isinstance(entry, dict):
+            raise Fail(f"{where}: not a table")
         try:
             pub = parse_public_key(entry["public_key"])
         except (KeyError, ValueError, TypeError) as e:
@@ -57,11 +73,37 @@ def load_trust(path: Path) -> dict[str, TrustedKey]:
         kid = keyid(pub)
         if entry.get("keyid") != kid:
             raise Fail(f"{where}: keyid {entry.get('keyid')!r} does not match its public_key (expected {kid})")
+        if kid in out:  # two entries for one key: which tiers would apply is ambiguous
+            raise Fail(f"{where}: duplicate keyid {kid} (already listed for {out[kid].owner or 'another entry'}); "
+                       "list each key once with all its tiers")
         tiers = entry.get("tiers", [])
-        if not tiers or not set(tiers) <= set(TIERS):
+        if not isinstance(tiers, list) or not tiers or not set(tiers) <= set(TIERS):
             raise Fail(f"{where}: tiers must be a non-empty subset of {list(TIERS)}, got {tiers!r}")
         out[kid] = TrustedKey(kid, pub, str(entry.get("owner", "")), frozenset(tiers))
     return out
+
+
+# --- the tree's spec -------------------------------------------------------------------------
+
+def declared_spec(source_root: Path, spec: Path | None = None) -> Path:
+    """The spec the tree declares: ``spec`` (relative to the source root) or the
+    ``[tool.fastpath] default_spec`` of its pyproject.toml; BadInput if there is none."""
+    root = Path(source_root).resolve()
+    if spec is None:
+        pyproject = root / "pyproject.toml"
+        try:
+            rel = tomllib.loads(pyproject.read_text(encoding="utf-8"))["tool"]["fastpath"]["default_spec"]
+        except (OSError, UnicodeDecodeError, KeyError, TypeError, tomllib.TOMLDecodeError):
+            raise BadInput(f"{pyproject} has no [tool.fastpath] default_spec; pass --spec PATH") from None
+        if not isinstance(rel, str):
+            raise BadInput(f"{pyproject}: [tool.fastpath] default_spec is not a string")
+        spec = Path(rel)
+    path = (root / spec).resolve()
+    if not path.is_relative_to(root):
+        raise BadInput(f"spec {spec} is outside the source tree {root}")
+    if not path.is_file():
+        raise BadInput(f"no spec file {path}; pass --spec PATH (relative to --source)")
+    return path
 
 
 # --- context ---------------------------------------------------------------------------------
@@ -81,9 +123,12 @@ class Context:
     source_root: Path
     require_tier: str | None
     plan_builder: Callable[[Path, str], dict]
+    spec_path: Path  # the tree's declared spec (absolute)
+    freshness: str = "enforce"
     dir: Path | None = None
     statement: dict | None = None
     signer_keyids: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
     _cache: dict = field(default_factory=dict)
 
     def json(self, name: str) -> dict:
@@ -107,39 +152,45 @@ class Context:
             raise Fail(f"summary.json tier {tier!r} is not one of {list(TIERS)}")
         return tier
 
-    def tree_spec(self) -> Path:
-        """The reviewer's copy of the spec: same repo-relative path as recorded in the bundle."""
-        if "tree_spec" in self._cache:
-            return self._cache["tree_spec"]
-        env = self.json("environment.json")
-        rel = env.get("spec_path") or self.json("summary.json").get("spec_path")
-        if not rel:
-            rel = _default_spec(self.source_root)
-        if not isinstance(rel, str):
-            raise Fail("environment.json spec_path is not a string")
-        try:
-            rel = check_name(rel, Limits())
-        except UnsafeBundle as e:
-            raise Fail(f"recorded spec path is unsafe: {e}") from e
-        path = self.source_root / rel
-        if not path.is_file():
-            raise Fail(f"the tree has no spec at {rel} (the path recorded in the bundle)")
-        self._cache["tree_spec"] = path
-        return path
+    def tree_spec_rel(self) -> str:
+        return self.spec_path.relative_to(self.source_root).as_posix()
 
-    def tree_spec_data(self) -> dict:
-        if "tree_spec_data" not in self._cache:
-            self._cache["tree_spec_data"] = tomllib.loads(self.tree_spec().read_text(encoding="utf-8"))
-        return self._cache["tree_spec_data"]
+    def judging_spec(self) -> Path:
+        """The spec plan, hardware and gates are judged by: the tree's (enforce) or, with
+        --freshness warn, the bundle's own spec.toml (integrity still fully checked)."""
+        if self.freshness == "warn":
+            bundled = self.dir / "spec.toml"
+            if not bundled.is_file():
+                raise Fail("spec.toml is missing from the bundle")
+            return bundled
+        return self.spec_path
+
+    def judging_spec_data(self) -> dict:
+        if "spec_data" not in self._cache:
+            try:
+                self._cache["spec_data"] = tomllib.loads(self.judging_spec().read_text(encoding="utf-8"))
+            except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+                raise Fail(f"cannot read the spec {self.judging_spec().name}: {e}") from e
+        return self._cache["spec_data"]
+
+    def judging_spec_obj(self):
+        if "spec_obj" not in self._cache:
+            from fastpath.spec import load_spec
+
+            try:
+                self._cache["spec_obj"] = load_spec(self.judging_spec())
+            except Exception as e:
+                raise Fail(f"invalid spec: {e}") from e
+        return self._cache["spec_obj"]
 
     def plan(self) -> dict:
         if "plan" not in self._cache:
             try:
-                self._cache["plan"] = self.plan_builder(self.tree_spec(), self.tier)
+                self._cache["plan"] = self.plan_builder(self.judging_spec(), self.tier)
             except Fail:
                 raise
             except Exception as e:  # a bad tree spec is the reviewer's problem, but say so
-                raise Fail(f"cannot build the plan from the tree's spec: {e}") from e
+                raise Fail(f"cannot build the plan from the spec: {e}") from e
         return self._cache["plan"]
 
     def rows(self) -> pd.DataFrame:
@@ -151,22 +202,27 @@ class Context:
                 df = pd.read_parquet(p)
             except Exception as e:
                 raise Fail(f"{ROWS} is not readable Parquet: {e}") from e
-            missing = {"case_id", "gate", "status"} - set(df.columns)
+            missing = {"case_id", "gate", "status", "passed"} - set(df.columns)
             if missing:
                 raise Fail(f"{ROWS} lacks columns {sorted(missing)}")
             self._cache["rows"] = df
         return self._cache["rows"]
 
 
-def _default_spec(root: Path) -> str:
-    try:
-        data = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
-        return data["tool"]["fastpath"]["default_spec"]
-    except (OSError, KeyError, tomllib.TOMLDecodeError):
-        raise Fail("bundle records no spec_path and the tree has no [tool.fastpath] default_spec") from None
-
-
 # --- rules -----------------------------------------------------------------------------------
+
+def rule_canonical_archive(ctx: Context) -> list[str]:
+    """The archive's tar stream must be exactly what `pack` writes for its members: no extra
+    headers, padding, metadata or order that another extractor could read differently."""
+    if ctx.bundle_path.is_dir():
+        return []
+    have = tar_stream_digest(ctx.bundle_path)
+    want = canonical_tar_digest(ctx.dir, ctx.dir.name)
+    if have != want:
+        return [f"the archive's tar stream ({have[1]} bytes, sha256 {have[0][:12]}…) is not what `fastpath pack` "
+                f"writes for its members ({want[1]} bytes, sha256 {want[0][:12]}…): re-pack it with fastpath"]
+    return []
+
 
 def rule_manifest(ctx: Context) -> list[str]:
     manifest = ctx.json(MANIFEST)
@@ -229,55 +285,139 @@ def _subject(statement: dict, name: str) -> str | None:
     return None
 
 
-def rule_statement_binding(ctx: Context) -> list[str]:
+def _claims(ctx: Context) -> list[tuple[str, Any, Any]]:
+    """(claim, what the signed statement says, what the bundle's own files say)."""
     st = ctx.statement or {}
-    reasons = []
-    manifest_digest = sha256_file(ctx.dir / MANIFEST)[0]
-    if _subject(st, MANIFEST) != manifest_digest:
-        reasons.append(f"statement subject manifest.json {_subject(st, MANIFEST)} != sha256 of manifest.json {manifest_digest}")
-    attested_source = ctx.json("source_digest.json").get("digest")
-    if _subject(st, SOURCE_SUBJECT) != attested_source:
-        reasons.append(f"statement subject {SOURCE_SUBJECT} {_subject(st, SOURCE_SUBJECT)} != source_digest.json {attested_source}")
-    # statement.json is a readable copy of the signed payload; a copy that differs misleads readers.
-    if (ctx.dir / STATEMENT).is_file() and ctx.json(STATEMENT) != st:
-        reasons.append("statement.json differs from the signed statement in statement.dsse.json")
-    pred = st.get("predicate") or {}
-    if pred.get("tier") != ctx.json("summary.json").get("tier"):
-        reasons.append(f"statement tier {pred.get('tier')!r} != summary.json tier")
+    pred = st.get("predicate") if isinstance(st.get("predicate"), dict) else {}
+    summary, env, attested = ctx.json("summary.json"), ctx.json("environment.json"), ctx.json(ATTESTED)
+    parts = attested.get("parts") if isinstance(attested.get("parts"), dict) else {}
+    spec = pred.get("spec") if isinstance(pred.get("spec"), dict) else {}
+    tool = pred.get("tool") if isinstance(pred.get("tool"), dict) else {}
     spec_sha = sha256_file(ctx.dir / "spec.toml")[0] if (ctx.dir / "spec.toml").is_file() else None
-    if (pred.get("spec") or {}).get("sha256") != spec_sha:
-        reasons.append("statement spec digest != sha256 of the bundle's spec.toml")
+    gates = summary.get("gates") if isinstance(summary.get("gates"), dict) else {}
+    claims = [
+        ("predicateType", st.get("predicateType"), PREDICATE_TYPE),
+        ("subject manifest.json", _subject(st, MANIFEST), sha256_file(ctx.dir / MANIFEST)[0]),
+        *((f"subject {SUBJECT_PREFIX}{p}", _subject(st, SUBJECT_PREFIX + p), (parts.get(p) or {}).get("digest"))
+          for p in PARTS),
+        ("tier", pred.get("tier"), summary.get("tier")),
+        ("verdict", pred.get("verdict"), summary.get("verdict")),
+        ("complete", pred.get("complete"), summary.get("complete")),
+        ("hardware", pred.get("hardware"), env.get("hardware")),
+        ("gates", pred.get("gates"), {n: (g.get("status") if isinstance(g, dict) else g) for n, g in gates.items()}),
+        ("spec.path", spec.get("path"), env.get("spec_path")),
+        ("spec.name", spec.get("name"), summary.get("spec")),
+        ("spec.sha256", spec.get("sha256"), spec_sha),
+        ("tool.version", tool.get("version"), attested.get("harness_version")),
+        ("invocation", pred.get("invocation"), {"argv": env.get("argv"), "git": env.get("git"), "seeds": env.get("seeds")}),
+    ]
+    return claims
+
+
+def _internal_consistency(ctx: Context) -> list[str]:
+    """The bundle's files must agree with each other (a file the predicate does not restate)."""
+    summary, env, attested, plan = (ctx.json("summary.json"), ctx.json("environment.json"), ctx.json(ATTESTED),
+                                    ctx.json("plan.json"))
+    spec_sha = sha256_file(ctx.dir / "spec.toml")[0] if (ctx.dir / "spec.toml").is_file() else None
+    try:
+        spec_name = (tomllib.loads((ctx.dir / "spec.toml").read_text(encoding="utf-8")).get("fastpath") or {}).get("name")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        spec_name = None
+    parts = attested.get("parts") if isinstance(attested.get("parts"), dict) else {}
+    spec_files = (parts.get("spec") or {}).get("files") or [{}]
+    pairs = [
+        ("summary.json spec_digest", summary.get("spec_digest"), "sha256 of spec.toml", spec_sha),
+        ("plan.json spec_digest", plan.get("spec_digest"), "sha256 of spec.toml", spec_sha),
+        (f"{ATTESTED} spec digest", (spec_files[0] or {}).get("sha256") if isinstance(spec_files[0], dict) else None,
+         "sha256 of spec.toml", spec_sha),
+        ("summary.json spec", summary.get("spec"), "spec.toml [fastpath] name", spec_name),
+        ("plan.json spec", plan.get("spec"), "summary.json spec", summary.get("spec")),
+        ("plan.json tier", plan.get("tier"), "summary.json tier", summary.get("tier")),
+        (f"{ATTESTED} spec_path", attested.get("spec_path"), "environment.json spec_path", env.get("spec_path")),
+    ]
+    reasons = [f"{a} {va!r} != {b} {vb!r}" for a, va, b, vb in pairs if va != vb]
+    for p in PARTS:
+        part = parts.get(p) if isinstance(parts.get(p), dict) else {}
+        files = part.get("files")
+        try:
+            ok = isinstance(files, list) and tree_digest(files) == part.get("digest")
+        except (KeyError, TypeError, AttributeError):
+            ok = False
+        if not ok:
+            reasons.append(f"{ATTESTED} part {p}: its file list does not hash to its digest")
+    counts = summary.get("counts") if isinstance(summary.get("counts"), dict) else {}
+    if counts.get("rows") != len(ctx.rows()):
+        reasons.append(f"summary.json counts.rows {counts.get('rows')!r} != {len(ctx.rows())} rows in {ROWS}")
     return reasons
 
 
-def rule_spec_matches_tree(ctx: Context) -> list[str]:
+def rule_statement_binding(ctx: Context) -> list[str]:
+    """Every claim of the signed statement equals what the bundle's own files say."""
+    reasons = [f"statement {name} {signed!r} contradicts the bundle's {actual!r}"
+               for name, signed, actual in _claims(ctx) if signed != actual]
+    # statement.json is a readable copy of the signed payload; a copy that differs misleads readers.
+    if (ctx.dir / STATEMENT).is_file() and ctx.json(STATEMENT) != ctx.statement:
+        reasons.append("statement.json differs from the signed statement in statement.dsse.json")
+    return reasons + _internal_consistency(ctx)
+
+
+def rule_result_rows(ctx: Context) -> list[str]:
+    """Only documented row statuses (fastpath.results.STATUS_TABLE), `passed` consistent with them."""
+    from fastpath.results import row_status_problem
+
+    problems: dict[str, list[str]] = {}
+    for r in ctx.rows()[["case_id", "status", "passed"]].to_dict("records"):
+        problem = row_status_problem(r["status"], r["passed"])
+        if problem:
+            problems.setdefault(problem, []).append(str(r["case_id"]))
+    return [f"{len(cases)} row(s) invalid: {problem} (e.g. {cases[0]})" for problem, cases in sorted(problems.items())]
+
+
+def rule_spec_is_tree_spec(ctx: Context) -> list[str]:
+    """The bundle is a run of the spec this tree declares (never the path the bundle recorded)."""
     bundled = ctx.dir / "spec.toml"
     if not bundled.is_file():
         return ["spec.toml is missing from the bundle"]
-    tree = ctx.tree_spec()
-    if bundled.read_bytes() != tree.read_bytes():
-        return [f"bundle spec.toml ({sha256_file(bundled)[0][:12]}…) differs from the tree's "
-                f"{tree.relative_to(ctx.source_root).as_posix()} ({sha256_file(tree)[0][:12]}…)"]
+    from fastpath.spec import load_spec
+
+    try:
+        tree_name = load_spec(ctx.spec_path).name
+    except Exception as e:
+        return [f"the tree's spec {ctx.tree_spec_rel()} is invalid: {e}"]
+    bundle_name = ctx.json("summary.json").get("spec")
+    if bundle_name != tree_name:
+        return [f"the bundle is for spec {bundle_name!r}, the tree declares {tree_name!r} ({ctx.tree_spec_rel()})"]
+    recorded = ctx.json("environment.json").get("spec_path")
+    if recorded != ctx.tree_spec_rel():
+        message = f"the bundle's spec was at {recorded!r}, the tree declares {ctx.tree_spec_rel()!r}"
+        if ctx.freshness == "enforce":
+            return [message]
+        ctx.warnings.append(f"warning: stale spec: {message}")
     return []
 
 
-def rule_source_digest(ctx: Context) -> list[str]:
-    globs = (ctx.tree_spec_data().get("sources") or {}).get("globs") or []
+def rule_attested_digests(ctx: Context) -> list[str]:
+    """The tree's four attested parts hash to what the statement attests; name each stale part."""
+    from fastpath.spec import load_spec
+
     try:
-        tree = source_digest(ctx.source_root, list(globs))
+        tree = attested_parts(ctx.source_root, load_spec(ctx.spec_path))
     except SourceDigestError as e:
-        return [f"cannot compute the tree's source digest: {e}"]
-    recorded = ctx.json("source_digest.json")
-    attested = _subject(ctx.statement, SOURCE_SUBJECT) if ctx.statement else recorded.get("digest")
-    if tree["digest"] == attested:
-        return []
-    ours = {f["path"]: f["sha256"] for f in tree["files"]}
-    theirs = {f.get("path"): f.get("sha256") for f in recorded.get("files") or [] if isinstance(f, dict)}
-    diffs = sorted([f"{p} changed" for p in ours.keys() & theirs.keys() if ours[p] != theirs[p]]
-                   + [f"{p} not in bundle" for p in ours.keys() - theirs.keys()]
-                   + [f"{p} not in tree" for p in theirs.keys() - ours.keys()])
-    return [f"fast-path source digest of the tree {tree['digest'][:12]}… != attested {str(attested)[:12]}…"
-            + (f" ({'; '.join(diffs[:10])})" if diffs else "")]
+        return [f"cannot digest the tree: {e}"]
+    except Exception as e:
+        return [f"cannot digest the tree for its spec {ctx.tree_spec_rel()}: {e}"]
+    attested = {p: _subject(ctx.statement or {}, SUBJECT_PREFIX + p) for p in PARTS}
+    recorded_parts = ctx.json(ATTESTED).get("parts")
+    recorded = {p: (v or {}).get("files") for p, v in recorded_parts.items()} if isinstance(recorded_parts, dict) else {}
+    reasons = []
+    for part, diffs in stale_parts(tree, attested, recorded).items():
+        shown = ", ".join(diffs[:10]) + (f", … {len(diffs) - 10} more" if len(diffs) > 10 else "")
+        text = f"{PART_LABELS[part]} changed since the bundle" + (f": {shown}" if shown else "")
+        if ctx.freshness == "enforce":
+            reasons.append(f"stale: {text}")
+        else:
+            ctx.warnings.append(f"warning: stale {part}: {text}")
+    return reasons
 
 
 def rule_plan_covers_scope(ctx: Context) -> list[str]:
@@ -325,7 +465,7 @@ def rule_hardware_in_scope(ctx: Context) -> list[str]:
     hw = env.get("hardware")
     if ctx.tier != "full":
         return []  # smoke is CPU-capable functional evidence: hardware is not gated
-    spec = ctx.tree_spec_data()
+    spec = ctx.judging_spec_data()
     tier_scope = (spec.get("tiers") or {}).get("full") or {}
     allowed = tier_scope.get("hardware") or (spec.get("scope") or {}).get("hardware") or []
     archs = [d.get("arch") for d in ((env.get("gpu") or {}).get("devices") or []) if isinstance(d, dict)] or [hw]
@@ -336,23 +476,23 @@ def rule_hardware_in_scope(ctx: Context) -> list[str]:
 
 
 def recompute_verdict(ctx: Context):
-    """The verdict recomputed from the bundle's rows by fastpath.gates, over the tree's plan."""
+    """The verdict recomputed from the bundle's rows by fastpath.gates, over the judging plan."""
     from fastpath.gates import evaluate
     from fastpath.plan import Plan
-    from fastpath.spec import load_spec
 
-    return evaluate(load_spec(ctx.tree_spec()), ctx.rows(), Plan.from_json(ctx.plan()), ctx.tier)
+    return evaluate(ctx.judging_spec_obj(), ctx.rows(), Plan.from_json(ctx.plan()), ctx.tier)
 
 
 def rule_gates_passed(ctx: Context) -> list[str]:
+    from fastpath.gates import gate_status_ok
+
     summary = ctx.json("summary.json")
     reasons = []
     if summary.get("complete") is not True:
         reasons.append("summary.json says the run is incomplete")
     if summary.get("verdict") != "pass":
         reasons.append(f"verdict is {summary.get('verdict')!r}, not 'pass'")
-    gates = [g for g in (ctx.tree_spec_data().get("gates") or {}) if g != "version"]
-    accepted = ACCEPTED_GATE_STATUS[ctx.tier]
+    gates = [g for g in (ctx.judging_spec_data().get("gates") or {}) if g != "version"]
     recorded = summary.get("gates") or {}
     # Never trust the summary alone: the rows decide (a buggy or edited run may claim a pass).
     recomputed = recompute_verdict(ctx)
@@ -361,7 +501,7 @@ def rule_gates_passed(ctx: Context) -> list[str]:
         status = entry.get("status") if isinstance(entry, dict) else entry
         if status is None:
             reasons.append(f"gate {g}: absent from summary.json")
-        elif status not in accepted:
+        elif not gate_status_ok(status, ctx.tier):
             reasons.append(f"gate {g}: {status}" + (f" ({entry.get('reason')})" if isinstance(entry, dict)
                                                      and entry.get("reason") else ""))
         mine = recomputed.gates.get(g)
@@ -394,13 +534,17 @@ class Rule:
 
 # The checks, in order; rules as data.
 RULES: tuple[Rule, ...] = (
+    Rule("canonical_archive", "the archive's tar stream is byte-identical to what `pack` writes for its members",
+         rule_canonical_archive),
     Rule("manifest", "every file listed with the right size and sha256, nothing unlisted", rule_manifest),
     Rule("signature", "DSSE envelope signed by a key the trust policy allows for this tier", rule_signature),
-    Rule("statement_binding", "statement subjects match manifest.json and source_digest.json",
+    Rule("statement_binding", "every claim of the signed statement matches the bundle's own files",
          rule_statement_binding, ("signature",)),
-    Rule("spec_matches_tree", "spec.toml is byte-identical to the tree's spec", rule_spec_matches_tree),
-    Rule("source_digest", "fast-path sources in the tree hash to the attested digest", rule_source_digest),
-    Rule("plan_covers_scope", "plan.json has every case and waiver of the tree spec's plan", rule_plan_covers_scope),
+    Rule("result_rows", "only documented row statuses, `passed` consistent with each", rule_result_rows),
+    Rule("spec_is_tree_spec", "the bundle is a run of the spec the tree declares", rule_spec_is_tree_spec),
+    Rule("attested_digests", "fast path, validation, subject and spec in the tree hash to the attested digests",
+         rule_attested_digests, ("signature",)),
+    Rule("plan_covers_scope", "plan.json has every case and waiver of the spec's plan", rule_plan_covers_scope),
     Rule("results_cover_plan", "every planned case has a result row; waivers only where allowed",
          rule_results_cover_plan),
     Rule("hardware_in_scope", "full-tier runs on hardware the spec's scope lists", rule_hardware_in_scope),
@@ -432,6 +576,9 @@ class CheckReport:
     results: list[RuleResult]
     require_tier: str | None = None
     tier: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    spec: str | None = None
+    freshness: str = "enforce"
 
     @property
     def passed(self) -> bool:
@@ -446,6 +593,7 @@ class CheckReport:
 
     def to_dict(self) -> dict:
         return {"bundle": self.bundle, "passed": self.passed, "tier": self.tier, "require_tier": self.require_tier,
+                "spec": self.spec, "freshness": self.freshness, "warnings": list(self.warnings),
                 "rules": [r.__dict__ for r in self.results],
                 "failures": [f.__dict__ for f in self.failures]}
 
@@ -454,8 +602,10 @@ class CheckReport:
 
     def render_markdown(self) -> str:
         head = "✅ **fastpath check passed**" if self.passed else "❌ **fastpath check failed**"
-        lines = [f"### {head}", "", f"Bundle `{self.bundle}` · tier `{self.tier}` · required `{self.require_tier}`",
-                 "", "| check | status | reason |", "|---|---|---|"]
+        lines = [f"### {head}", "", f"Bundle `{self.bundle}` · tier `{self.tier}` · required `{self.require_tier}`"
+                 f" · spec `{self.spec}` · freshness `{self.freshness}`", ""]
+        lines += [f"> ⚠️ {_md_escape(w)}" for w in self.warnings] + ([""] if self.warnings else [])
+        lines += ["| check | status | reason |", "|---|---|---|"]
         for r in self.results:
             icon = {"pass": "✅ pass", "fail": "❌ fail", "skipped": "⏭ skipped"}[r.status]
             reason = "<br>".join(_md_escape(x) for x in r.reasons) or _md_escape(r.description)
@@ -464,6 +614,7 @@ class CheckReport:
 
     def render_text(self, width: int = 110) -> str:
         from rich.console import Console
+        from rich.markup import escape
         from rich.table import Table
 
         table = Table(title=f"fastpath check {self.bundle}", show_lines=False)
@@ -472,10 +623,12 @@ class CheckReport:
         table.add_column("reason", overflow="fold")
         style = {"pass": "green", "fail": "bold red", "skipped": "yellow"}
         for r in self.results:
-            table.add_row(r.name, f"[{style[r.status]}]{r.status}[/]", "\n".join(r.reasons) or r.description)
+            table.add_row(r.name, f"[{style[r.status]}]{r.status}[/]", escape("\n".join(r.reasons) or r.description))
         buf = io.StringIO()
         console = Console(file=buf, width=width, force_terminal=False, color_system=None)
         console.print(table)
+        for w in self.warnings:
+            console.print(f"[bold yellow]{escape(w)}[/]", highlight=False, soft_wrap=True)
         console.print("[bold green]PASSED[/]" if self.passed else f"[bold red]FAILED[/] ({len(self.failures)} failure(s))")
         return buf.getvalue()
 
@@ -486,23 +639,34 @@ def _md_escape(text: str) -> str:
 
 # --- entry points ----------------------------------------------------------------------------
 
+SAFE_EXTRACTION = "no absolute paths, '..', links, devices, oversize, nothing after the archive's end"
+
+
 def check_bundle(bundle_path: Path, *, trust_path: Path, source_root: Path, require_tier: str | None = None,
+                 spec: Path | None = None, freshness: str = "enforce",
                  plan_builder: Callable[[Path, str], dict] | None = None, limits: Limits = Limits()) -> CheckReport:
-    """Run every rule over the bundle (an archive or a directory) and return the report."""
-    ctx = Context(Path(bundle_path), Path(trust_path), Path(source_root).resolve(), require_tier,
-                  plan_builder or default_plan_cases)
+    """Run every rule over the bundle (an archive or a directory) and return the report.
+
+    ``spec``: the tree's spec, relative to ``source_root`` (default: its pyproject's
+    [tool.fastpath] default_spec). Raises BadInput when the tree declares no readable spec.
+    """
+    if freshness not in FRESHNESS:
+        raise BadInput(f"freshness {freshness!r} is not one of {', '.join(FRESHNESS)}")
+    root = Path(source_root).resolve()
+    ctx = Context(Path(bundle_path), Path(trust_path), root, require_tier, plan_builder or default_plan_cases,
+                  declared_spec(root, spec), freshness)
     results: list[RuleResult] = []
     try:
         with open_bundle(ctx.bundle_path, limits) as d:
             ctx.dir = d
-            results.append(RuleResult("safe_extraction", "no absolute paths, '..', links, devices, oversize", "pass", []))
+            results.append(RuleResult("safe_extraction", SAFE_EXTRACTION, "pass", []))
             _run_rules(ctx, results)
             tier = _safe_tier(ctx)
     except UnsafeBundle as e:
-        results = [RuleResult("safe_extraction", "no absolute paths, '..', links, devices, oversize", "fail", [str(e)])]
+        results = [RuleResult("safe_extraction", SAFE_EXTRACTION, "fail", [str(e)])]
         results += [RuleResult(r.name, r.description, "skipped", ["not run: safe_extraction failed"]) for r in RULES]
         tier = None
-    return CheckReport(str(bundle_path), results, require_tier, tier)
+    return CheckReport(str(bundle_path), results, require_tier, tier, ctx.warnings, ctx.tree_spec_rel(), freshness)
 
 
 def _safe_tier(ctx: Context) -> str | None:
@@ -530,18 +694,48 @@ def _run_rules(ctx: Context, results: list[RuleResult]) -> None:
         results.append(RuleResult(rule.name, rule.description, status[rule.name], reasons))
 
 
+def _validate_inputs(bundle: Path, trust: Path) -> None:
+    """Exit-2 conditions: nothing to check, or no trust policy to check it with."""
+    bundle = Path(bundle)
+    if bundle.is_dir():
+        if not (bundle / MANIFEST).is_file() and not any((d / MANIFEST).is_file() for d in bundle.iterdir() if d.is_dir()):
+            raise BadInput(f"{bundle} is not a bundle directory (no {MANIFEST})")
+    elif bundle.is_file():
+        with open(bundle, "rb") as f:
+            if f.read(2) != b"\x1f\x8b":
+                raise BadInput(f"{bundle} is not a bundle (not a .tar.gz file)")
+    else:
+        raise BadInput(f"no such bundle: {bundle}")
+    try:
+        load_trust(trust)
+    except Fail as e:
+        raise BadInput(str(e)) from None
+
+
 def main_check(bundle: Path, *, trust: Path = Path("bundles/trusted_keys.toml"), source: Path = Path("."),
-               require_tier: str | None = None, fmt: str = "text", out=None) -> int:
+               require_tier: str | None = None, fmt: str = "text", spec: Path | None = None,
+               freshness: str = "enforce", out=None, err=None) -> int:
     """CLI body: print the report in ``fmt`` (text|markdown|json), append markdown to
-    $GITHUB_STEP_SUMMARY when set; return the exit code (0 pass, 1 fail)."""
+    $GITHUB_STEP_SUMMARY when set; return the exit code (0 pass, 1 fail, 2 unusable input)."""
     import sys
 
-    out = out or sys.stdout
-    report = check_bundle(bundle, trust_path=trust, source_root=source, require_tier=require_tier)
-    rendered = {"text": report.render_text, "markdown": report.render_markdown, "json": report.to_json}
-    if fmt not in rendered:
-        raise ValueError(f"format {fmt!r} is not one of {sorted(rendered)}")
-    out.write(rendered[fmt]() + ("\n" if fmt == "json" else ""))
+    out, err = out or sys.stdout, err or sys.stderr
+    rendered = {"text": "render_text", "markdown": "render_markdown", "json": "to_json"}
+    try:
+        if fmt not in rendered:
+            raise BadInput(f"format {fmt!r} is not one of {', '.join(rendered)}")
+        if require_tier is not None and require_tier not in TIERS:
+            raise BadInput(f"--require-tier {require_tier!r} is not one of {', '.join(TIERS)}")
+        _validate_inputs(bundle, trust)
+        report = check_bundle(bundle, trust_path=trust, source_root=source, require_tier=require_tier, spec=spec,
+                              freshness=freshness)
+    except BadInput as e:
+        err.write(f"error: {e}\n")
+        return 2
+    out.write(getattr(report, rendered[fmt])() + ("\n" if fmt == "json" else ""))
+    if fmt == "json":  # warnings are in the JSON; repeat them where a person reads the log
+        for w in report.warnings:
+            err.write(w + "\n")
     summary_file = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary_file:
         with open(summary_file, "a", encoding="utf-8") as f:

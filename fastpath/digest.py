@@ -80,21 +80,7 @@ def source_digest(repo_root: Path, globs: list[str]) -> dict:
     root = Path(repo_root).resolve()
     if not globs:
         raise SourceDigestError("no source globs given: nothing to attest")
-    found: dict[str, Path] = {}
-    for glob in globs:
-        _check_glob(glob)
-        matched = [p for p in root.glob(glob) if p.is_file()]
-        if not matched:
-            raise SourceDigestError(f"source glob {glob!r} matches no file under {root}")
-        for p in matched:
-            real = p.resolve()
-            if not real.is_relative_to(root):  # a symlink pointing out of the tree
-                raise SourceDigestError(f"source file {p} resolves outside the repository")
-            found[p.relative_to(root).as_posix()] = p
-    files = []
-    for rel in sorted(found):
-        digest, size = sha256_file(found[rel])
-        files.append({"path": rel, "sha256": digest, "size": size})
+    files = _entries(_match(root, list(globs), strict=True))
     return {"algorithm": ALGORITHM, "digest": tree_digest(files), "files": files}
 
 
@@ -201,8 +187,8 @@ def stale_parts(tree: dict, attested: dict[str, str], recorded: dict[str, list])
         theirs = recorded.get(part) if isinstance(recorded.get(part), list) else []
         ours = {f["path"]: f["sha256"] for f in mine["files"]}
         them = {f.get("path"): f.get("sha256") for f in theirs if isinstance(f, dict)}
-        diffs = sorted([f"{p} changed" for p in ours.keys() & them.keys() if ours[p] != them[p]]
-                       + [f"{p} not in bundle" for p in ours.keys() - them.keys()]
-                       + [f"{p} not in tree" for p in them.keys() - ours.keys()])
+        diffs = sorted([p for p in ours.keys() & them.keys() if ours[p] != them[p]]
+                       + [f"{p} (new)" for p in ours.keys() - them.keys()]
+                       + [f"{p} (removed)" for p in them.keys() - ours.keys()])
         out[part] = diffs
     return out

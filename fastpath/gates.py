@@ -4,8 +4,11 @@ Rules, in order:
 - every plan case (runnable or waived) must have >= 1 row, else an error row
   "case produced no result" is added (gate "", so it fails the verdict);
 - a row naming a gate the spec does not define fails the verdict ("unknown gate");
-- a gate passes iff it has >= 1 row and every non-waived row passed; no rows = "missing";
-  only waivers = "waived", accepted on the smoke tier only;
+- row statuses are those of fastpath.results.STATUS_TABLE; a row whose status is unknown or
+  whose `passed` contradicts it fails the verdict ("invalid row");
+- `info` rows are reported, never gated: they neither pass nor fail a gate, and may have no gate;
+- a gate passes iff it has >= 1 gating row and every non-waived one passed; no rows = "missing";
+  only waivers = "waived", only info rows (and waivers) = "info": both accepted on smoke only;
 - above the smoke tier, a waiver row of a case the plan means to run (a *run-time* waiver:
   e.g. a kernel whose package is missing on the machine) fails its gate — ``fastpath check``
   rejects such a bundle (rule results_cover_plan), so verify must not call it a pass;
@@ -24,25 +27,38 @@ from typing import Any
 import pandas as pd
 
 from fastpath.plan import Plan
-from fastpath.results import make_row, rows_frame
+from fastpath.results import make_row, row_status_problem, rows_frame
 from fastpath.spec import Spec
 
 SUMMARY_SCHEMA = 1
 NO_RESULT = "case produced no result"
+# Gate statuses: status -> (accepted on the smoke tier, accepted above it, meaning).
+GATE_STATUS_TABLE: dict[str, tuple[bool, bool, str]] = {
+    "pass": (True, True, "at least one gating row, every non-waived one passed"),
+    "fail": (False, False, "a gating row failed or errored (or a run-time waiver above smoke)"),
+    "missing": (False, False, "no row at all for this gate"),
+    "waived": (True, False, "every row is a waiver"),
+    "info": (True, False, "only informational rows (and waivers): nothing gated"),
+}
+
+
+def gate_status_ok(status: str, tier: str) -> bool:
+    smoke_ok, full_ok, _ = GATE_STATUS_TABLE.get(status, (False, False, ""))
+    return smoke_ok if tier == "smoke" else full_ok
 
 
 @dataclass
 class GateResult:
     name: str
     suite: str
-    status: str  # pass | fail | waived | missing
+    status: str  # a key of GATE_STATUS_TABLE
     rows: int
     failed: int
     waived: int
     reason: str = ""
 
     def ok(self, tier: str) -> bool:
-        return self.status == "pass" or (self.status == "waived" and tier == "smoke")
+        return gate_status_ok(self.status, tier)
 
 
 @dataclass
@@ -130,17 +146,25 @@ def evaluate(spec: Spec, rows: pd.DataFrame, plan: Plan, tier: str | None = None
     failing: list[dict] = []
     run_cases = {c.case_id for c in plan.cases}
 
+    invalid = {i: p for i, r in enumerate(records) if (p := row_status_problem(r["status"], r["passed"]))}
+
     def is_bad(r: dict) -> bool:
+        if r["status"] == "info":
+            return False
         if r["status"] == "waived":
             return tier != "smoke" and r["case_id"] in run_cases
         return r["status"] in ("fail", "error") or (r["status"] == "pass" and not r["passed"])
 
     for name, settings in spec.gates.settings.items():
-        mine = [r for r in records if r["gate"] == name]
+        mine_all = [(i, r) for i, r in enumerate(records) if r["gate"] == name]
+        mine = [r for i, r in mine_all if i not in invalid]
         bad = [r for r in mine if is_bad(r)]
         waived = [r for r in mine if r["status"] == "waived"]
+        info = [r for r in mine if r["status"] == "info"]
         suite = settings["suite"]
-        if not mine:
+        if len(mine) < len(mine_all):
+            status, reason = "fail", f"{len(mine_all) - len(mine)} invalid row(s) (unknown status or contradicting passed)"
+        elif not mine:
             status = "missing"
             reason = "no evidence: no row for this gate" if state.get(suite) != "not_run" else "suite not run"
         elif bad:
@@ -150,13 +174,22 @@ def evaluate(spec: Spec, rows: pd.DataFrame, plan: Plan, tier: str | None = None
         elif len(waived) == len(mine):
             status = "waived"
             reason = "all rows are waivers" + ("" if tier == "smoke" else f" (not accepted on the {tier} tier)")
+        elif len(waived) + len(info) == len(mine):
+            status = "info"
+            reason = "only informational rows: nothing gated" + ("" if tier == "smoke" else f" (not accepted on the {tier} tier)")
         else:
             status, reason = "pass", ""
         gates[name] = GateResult(name, suite, status, len(mine), len(bad), len(waived), reason)
         failing += [_row_evidence(r) for r in bad]
 
+    for i, problem in invalid.items():
+        ev = _row_evidence(records[i])
+        ev["message"] = f"invalid row: {problem}" + (f"; {ev['message']}" if ev["message"] else "")
+        failing.append(ev)
     known = set(spec.gates.settings)
-    for r in records:
+    for i, r in enumerate(records):
+        if i in invalid or (r["status"] == "info" and not r["gate"]):
+            continue  # reported above / an ungated comparison
         if r["gate"] not in known:
             ev = _row_evidence(r)
             if r["gate"]:
@@ -166,7 +199,7 @@ def evaluate(spec: Spec, rows: pd.DataFrame, plan: Plan, tier: str | None = None
     statuses = [r["status"] for r in records]
     counts = {
         "rows": len(records),
-        **{s: statuses.count(s) for s in ("pass", "fail", "error", "waived")},
+        **{s: statuses.count(s) for s in ("pass", "fail", "error", "waived", "info")},
         "cases_planned": len(plan.cases) + len(plan.waivers),
         "cases_waived_by_plan": len(plan.waivers),
         "cases_without_result": len(added),

@@ -16,10 +16,33 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
+import numpy as np
 import pandas as pd
 
 COMPARATORS = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt, "==": operator.eq}
-STATUSES = ("pass", "fail", "error", "waived")
+# The row statuses, in one place: status -> (the `passed` values it allows, gates on it, meaning).
+# `info` rows are reported but never gate (smoke-tier perf rows, comparisons beside the gated one):
+# later suites add rows of this status instead of new statuses.
+STATUS_TABLE: dict[str, tuple[frozenset[bool], bool, str]] = {
+    "pass": (frozenset({True}), True, "the check ran and met its threshold"),
+    "fail": (frozenset({False}), True, "the check ran and missed its threshold"),
+    "error": (frozenset({False}), True, "the check could not run (crash, missing result): fails its gate"),
+    "waived": (frozenset({False}), True, "not run, with the reason in message (plan waiver or run-time)"),
+    "info": (frozenset({True, False}), False, "reported, not gated; passed is the comparison's outcome"),
+}
+STATUSES = tuple(STATUS_TABLE)
+GATING_STATUSES = tuple(s for s, (_, gates, _) in STATUS_TABLE.items() if gates)
+
+
+def row_status_problem(status: Any, passed: Any) -> str | None:
+    """Why a row's (status, passed) pair is invalid, or None."""
+    if status not in STATUS_TABLE:
+        return f"row status {status!r} is not one of {', '.join(STATUSES)}"
+    if not isinstance(passed, (bool, np.bool_)):
+        return f"row passed {passed!r} is not a boolean"
+    if bool(passed) not in STATUS_TABLE[status][0]:
+        return f"row passed={bool(passed)} contradicts its status {status!r}"
+    return None
 
 # Column -> pandas dtype. Nullable types so missing config values stay missing, not 0/"".
 COLUMNS: dict[str, str] = {
@@ -81,6 +104,8 @@ def make_row(suite: str, case_id: str, gate: str | None, metric: str, value: Any
         raise ValueError(f"status {status!r} is not one of {', '.join(STATUSES)}")
     if status in ("error", "waived"):
         passed = False
+    elif passed is None and status == "info" and (comparator is None or threshold_f is None):
+        passed = False
     elif passed is None:
         if comparator is None or threshold_f is None:
             raise ValueError("a row needs passed=, or comparator= and threshold= to compute it")
@@ -88,8 +113,10 @@ def make_row(suite: str, case_id: str, gate: str | None, metric: str, value: Any
     passed = bool(passed)
     if status is None:
         status = "pass" if passed else "fail"
-    elif status == "pass" and not passed:
-        raise ValueError("status 'pass' with passed=False")
+    else:
+        problem = row_status_problem(status, passed)
+        if problem:
+            raise ValueError(problem)
 
     extra = {k: v for k, v in config.items() if k not in CONFIG_COLUMNS}
     detail_obj = json.loads(_json_text(detail)) if detail is not None else {}

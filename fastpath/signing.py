@@ -1,7 +1,9 @@
 """Signing: Ed25519 keys, in-toto Statement v1 and DSSE envelopes (DESIGN §3.7).
 
 The statement's subjects bind the bundle: the sha256 of manifest.json (which lists every other
-file's digest) and the fast-path source digest. The envelope signs the canonical statement bytes
+file's digest) and the four attested tree digests of attested.json, named ``fastpath:<part>``
+(fast_path, validation, subject, spec). The predicate restates what the bundle's files say
+(summary.json, environment.json, attested.json, spec.toml); `fastpath check` compares each claim. The envelope signs the canonical statement bytes
 with PAE, exactly per the DSSE protocol:
 
     PAE(type, body) = "DSSEv1" SP LEN(type) SP type SP LEN(body) SP body   (LEN = ASCII decimal bytes)
@@ -15,7 +17,6 @@ import base64
 import binascii
 import json
 import os
-from importlib import metadata
 from pathlib import Path
 from typing import Iterable, Mapping
 
@@ -23,13 +24,13 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from fastpath.bundle import ENVELOPE, MANIFEST, STATEMENT, build_manifest, write_json
-from fastpath.digest import canonical_json, sha256_bytes, sha256_file
+from fastpath.bundle import ATTESTED, ENVELOPE, MANIFEST, STATEMENT, build_manifest, write_json
+from fastpath.digest import PARTS, canonical_json, sha256_bytes, sha256_file
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://fastpath.dev/verify/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
-SOURCE_SUBJECT = "fastpath-source"
+SUBJECT_PREFIX = "fastpath:"  # + a part of fastpath.digest.PARTS
 
 
 class SigningError(Exception):
@@ -202,13 +203,6 @@ def _read_json(path: Path) -> dict:
         raise SigningError(f"cannot read {path.name}: {e}") from e
 
 
-def tool_version() -> str:
-    try:
-        return metadata.version("fastpath")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
 def build_statement(bundle_dir: Path, predicate: dict | None = None) -> dict:
     """In-toto Statement v1 over the bundle; the predicate is read from the bundle's files.
 
@@ -217,16 +211,21 @@ def build_statement(bundle_dir: Path, predicate: dict | None = None) -> dict:
     bundle_dir = Path(bundle_dir)
     summary = _read_json(bundle_dir / "summary.json")
     env = _read_json(bundle_dir / "environment.json")
-    source = _read_json(bundle_dir / "source_digest.json")
+    attested = _read_json(bundle_dir / ATTESTED)
+    parts = attested.get("parts") or {}
+    missing = [p for p in PARTS if not isinstance((parts.get(p) or {}).get("digest"), str)]
+    if missing:
+        raise SigningError(f"{ATTESTED} lacks the digests of {missing}; re-write the bundle with `fastpath verify`")
     derived = {
-        "spec": {"path": env.get("spec_path"), "sha256": sha256_file(bundle_dir / "spec.toml")[0]},
+        "spec": {"path": env.get("spec_path"), "name": summary.get("spec"),
+                 "sha256": sha256_file(bundle_dir / "spec.toml")[0]},
         "tier": summary.get("tier"),
         "verdict": summary.get("verdict"),
         "complete": summary.get("complete"),
         "hardware": env.get("hardware"),
         "gates": {name: (g.get("status") if isinstance(g, dict) else g)
                   for name, g in sorted((summary.get("gates") or {}).items())},
-        "tool": {"name": "fastpath", "version": tool_version()},
+        "tool": {"name": "fastpath", "version": attested.get("harness_version")},
         "invocation": {"argv": env.get("argv"), "git": env.get("git"), "seeds": env.get("seeds")},
     }
     extra = dict(predicate or {})
@@ -237,7 +236,7 @@ def build_statement(bundle_dir: Path, predicate: dict | None = None) -> dict:
         "_type": STATEMENT_TYPE,
         "subject": [
             {"name": MANIFEST, "digest": {"sha256": sha256_file(bundle_dir / MANIFEST)[0]}},
-            {"name": SOURCE_SUBJECT, "digest": {"sha256": source["digest"]}},
+            *({"name": SUBJECT_PREFIX + p, "digest": {"sha256": parts[p]["digest"]}} for p in PARTS),
         ],
         "predicateType": PREDICATE_TYPE,
         "predicate": {**derived, **extra},

@@ -1,8 +1,8 @@
 """Builds a valid signed bundle from synthetic data, for the evidence/check tests.
 
-Independent of `fastpath verify`: a tiny repo with a spec (valid for fastpath.spec), fast-path
-sources, the plan from fastpath.plan, one passing row per case (waiver rows for waivers), a
-summary, a key pair and a trust policy listing it.
+Independent of `fastpath verify`: a tiny repo with a spec (valid for fastpath.spec; a second
+spec beside it), fast-path sources, subject code, a suite, the plan from fastpath.plan, one
+passing row per case (waiver rows for waivers), a summary, a key pair and a trust policy listing it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pandas as pd
 
 from fastpath import environment
 from fastpath.bundle import write_bundle
-from fastpath.digest import source_digest
+from fastpath.digest import attested_parts
 from fastpath.gates import evaluate
 from fastpath.plan import Plan, build_plan
 from fastpath.spec import load_spec
@@ -69,6 +69,7 @@ suite = "coverage"
 GATE_OF_KIND = {"decode": "coverage_fast_path_fired", "fallback": "coverage_clean_fallback",
                 "profiler": "coverage_profiler_kernels"}
 SPEC_REL = "subject/fastpath.toml"
+OTHER_SPEC_REL = "subject/other.toml"  # a second spec of the same repository
 
 
 @dataclass
@@ -84,8 +85,13 @@ class Built:
 
 def make_repo(root: Path) -> Path:
     (root / "subject/fast/kernels").mkdir(parents=True)
-    (root / "pyproject.toml").write_text('[project]\nname = "toy"\n')
+    (root / "suites").mkdir()
+    (root / "pyproject.toml").write_text('[project]\nname = "toy"\n[tool.fastpath]\n'
+                                         f'default_spec = "{SPEC_REL}"\n')
     (root / SPEC_REL).write_text(SPEC)
+    (root / OTHER_SPEC_REL).write_text(SPEC.replace('name = "toy-fast"', 'name = "toy-other"'))
+    (root / "subject/model.py").write_text("LAYERS = 2\n")
+    (root / "suites/test_coverage.py").write_text("def test_fired():\n    pass\n")
     (root / "subject/fast/hooks.py").write_text("def fire():\n    return 'fast'\n")
     (root / "subject/fast/kernels/gemv.py").write_text("BLOCK = 64\n")
     (root / "subject/fast/tuning.json").write_text('{"b1": 64}\n')
@@ -120,11 +126,12 @@ def write_trust(path: Path, public_key: Path, tiers: list[str]) -> str:
 
 
 def build(tmp: Path, *, tier: str = "full", hardware: str = "sm_90", sign: bool = True,
-          trust_tiers: list[str] | None = None) -> Built:
-    """A repo, a bundle of a passing run for ``tier`` on ``hardware``, a key pair and a trust
-    policy listing it (for ``trust_tiers``); signed unless ``sign`` is false."""
-    repo = make_repo(tmp / "repo")
-    spec_path = repo / SPEC_REL
+          trust_tiers: list[str] | None = None, spec_rel: str = SPEC_REL, repo: Path | None = None) -> Built:
+    """A repo (or ``repo``, already made), a bundle of a passing run of ``spec_rel`` for ``tier``
+    on ``hardware``, a key pair and a trust policy listing it (for ``trust_tiers``); signed
+    unless ``sign`` is false."""
+    repo = repo or make_repo(tmp / "repo")
+    spec_path = repo / spec_rel
     plan = build_plan(load_spec(spec_path), tier).to_json()
     rows = make_rows(plan)
     env = environment.capture(["fastpath", "verify", "--tier", tier], {"global": 0}, repo)
@@ -134,13 +141,11 @@ def build(tmp: Path, *, tier: str = "full", hardware: str = "sm_90", sign: bool 
     logs = tmp / "logs"
     logs.mkdir()
     (logs / "pytest.log").write_text("collected 3 items\n")
-    bundle = write_bundle(tmp / "out" / "toy.fastpath", spec_path=spec_path, plan=plan, rows=rows,
-                          summary=gate_summary(rows, tier, spec_path, plan), environment=env, logs_dir=logs,
-                          report_html="<html>toy</html>",
-                          source_digest=source_digest(repo, ["subject/fast/**/*.py", "subject/fast/**/*.json"]))
     priv, pub, _ = generate_keypair(tmp / "keys" / "k.key", tmp / "keys" / "k.pub")
     trust = tmp / "trusted_keys.toml"
     kid = write_trust(trust, pub, trust_tiers or ["smoke", "full"])
-    if sign:
-        sign_bundle(bundle, priv)
+    bundle = write_bundle(tmp / "out" / "toy.fastpath", spec_path=spec_path, plan=plan, rows=rows,
+                          summary=gate_summary(rows, tier, spec_path, plan), environment=env, logs_dir=logs,
+                          report_html="<html>toy</html>", attested=attested_parts(repo, load_spec(spec_path)),
+                          sign=(lambda d: sign_bundle(d, priv)) if sign else None)
     return Built(repo, spec_path, bundle, priv, pub, trust, kid)

@@ -25,14 +25,14 @@ def _write(tmp_path, name="run.fastpath", rows=None, logs=True):
                         rows=rows, summary={"verdict": "pass", "complete": True, "tier": "smoke"},
                         environment={"hardware": "cpu"}, logs_dir=logs_dir if logs else None,
                         report_html="<html></html>",
-                        source_digest={"algorithm": "sha256-tree-v1", "digest": "0" * 64, "files": []})
+                        attested={"algorithm": "sha256-tree-v1", "parts": {}})
 
 
 def test_layout_and_manifest(tmp_path):
     b = _write(tmp_path)
     names = sorted(p.relative_to(b).as_posix() for p in b.rglob("*") if p.is_file())
-    assert names == ["environment.json", "logs/suite/pytest.log", "manifest.json", "plan.json", "report.html",
-                     "results/rows.parquet", "source_digest.json", "spec.toml", "summary.json"]
+    assert names == ["attested.json", "environment.json", "logs/suite/pytest.log", "manifest.json", "plan.json", "report.html",
+                     "results/rows.parquet", "spec.toml", "summary.json"]
     assert (b / "spec.toml").read_bytes() == (tmp_path / "repo/sub/fastpath.toml").read_bytes()
     manifest = json.loads((b / MANIFEST).read_bytes())
     listed = {f["path"]: f for f in manifest["files"]}

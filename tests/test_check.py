@@ -39,7 +39,7 @@ def b(tmp_path):
 def test_round_trip_directory_and_archive_pass(b):
     report = _check(b)
     assert report.passed, report.render_text()
-    assert [r.status for r in report.results] == ["pass"] * 11
+    assert [r.status for r in report.results] == ["pass"] * 13
     archive = pack(b.bundle)
     assert _check(b, archive).passed
 
@@ -49,8 +49,8 @@ def _files(tmp_path):
     return sorted(p.relative_to(b.bundle).as_posix() for p in b.bundle.rglob("*") if p.is_file())
 
 
-ALL_FILES = ["environment.json", "logs/pytest.log", "manifest.json", "plan.json", "report.html",
-             "results/rows.parquet", "source_digest.json", "spec.toml", "statement.dsse.json", "statement.json",
+ALL_FILES = ["attested.json", "environment.json", "logs/pytest.log", "manifest.json", "plan.json", "report.html",
+             "results/rows.parquet", "spec.toml", "statement.dsse.json", "statement.json",
              "summary.json"]
 
 
@@ -105,8 +105,8 @@ def test_results_row_removed_is_rejected(b):
 def test_spec_changed_in_tree_is_rejected(b):
     b.spec.write_text(b.spec.read_text() + "# changed\n")
     report = _check(b)
-    assert _failed(report) == ["spec_matches_tree"]
-    assert "differs from the tree's subject/fastpath.toml" in _reasons(report)
+    assert _failed(report) == ["attested_digests"]
+    assert _reasons(report) == "stale: spec changed since the bundle: subject/fastpath.toml"
 
 
 def test_case_missing_from_plan_is_rejected(b):
@@ -144,8 +144,8 @@ def test_no_signature_is_rejected(b):
 def test_source_digest_different_from_tree_is_rejected(b):
     (b.repo / "subject/fast/kernels/gemv.py").write_text("BLOCK = 128\n")
     report = _check(b)
-    assert _failed(report) == ["source_digest"]
-    assert "subject/fast/kernels/gemv.py changed" in _reasons(report)
+    assert _failed(report) == ["attested_digests"]
+    assert _reasons(report) == "stale: fast-path sources changed since the bundle: subject/fast/kernels/gemv.py"
 
 
 def test_hardware_outside_scope_is_rejected(tmp_path):
@@ -214,7 +214,9 @@ def test_hostile_spec_path_does_not_escape_the_tree(b):
     write_json(b.bundle / "environment.json", {**env, "spec_path": "../../etc/passwd"})
     _resign(b)
     report = _check(b)
-    assert not report.passed and "recorded spec path is unsafe" in _reasons(report)
+    # The recorded path is never opened: the tree's declared spec is the one judged.
+    assert {"statement_binding", "spec_is_tree_spec"} <= set(_failed(report))
+    assert "the bundle's spec was at '../../etc/passwd', the tree declares 'subject/fastpath.toml'" in _reasons(report)
 
 
 def test_outputs_text_markdown_json_and_exit_code(b, tmp_path, monkeypatch):

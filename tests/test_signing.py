@@ -39,7 +39,11 @@ def test_statement_binds_manifest_and_source(tmp_path):
     assert st["predicateType"] == signing.PREDICATE_TYPE
     subjects = {s["name"]: s["digest"]["sha256"] for s in st["subject"]}
     assert subjects["manifest.json"] == sha256_file(b.bundle / MANIFEST)[0]
-    assert subjects["fastpath-source"] == json.loads((b.bundle / "source_digest.json").read_bytes())["digest"]
+    parts = json.loads((b.bundle / "attested.json").read_bytes())["parts"]
+    assert sorted(subjects) == ["fastpath:fast_path", "fastpath:spec", "fastpath:subject", "fastpath:validation",
+                                "manifest.json"]
+    for part in ("fast_path", "validation", "subject", "spec"):
+        assert subjects[f"fastpath:{part}"] == parts[part]["digest"]
     pred = st["predicate"]
     assert pred["tier"] == "full" and pred["hardware"] == "sm_90" and pred["note"] == "x"
     assert pred["spec"]["sha256"] == sha256_file(b.spec)[0]
