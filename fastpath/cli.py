@@ -1,4 +1,4 @@
-"""The ``fastpath`` command line: plan, verify, keygen, sign, check.
+"""The ``fastpath`` command line: plan, verify, keygen, sign, check, digest.
 
 User errors (bad spec, bad arguments, refused signing...) print their cause and fix and exit
 2; they never show a Python traceback. Evidence modules are imported lazily so ``fastpath
@@ -152,34 +152,74 @@ def sign(
     key: Path = typer.Option(..., "--key", help="private key from `fastpath keygen`"),
 ) -> None:
     """Sign a complete bundle (statement.json + DSSE envelope) and re-pack its archive."""
-    from fastpath.bundle import pack
+    from fastpath.bundle import ENVELOPE, reseal
     from fastpath.errors import UsageError
     from fastpath.signing import sign_bundle
 
     if not Path(bundle).is_dir():
         raise UsageError(f"{bundle} is not a bundle directory",
                          "pass the NAME.fastpath/ directory that `fastpath verify` wrote (not the .tar.gz)")
-    envelope = sign_bundle(Path(bundle), Path(key))
-    archive = pack(Path(bundle))
-    typer.echo(f"signed: {envelope}\narchive: {archive}")
+    # Signed and packed in a staged copy: an interrupt leaves the old directory and archive intact.
+    archive = reseal(Path(bundle), lambda staged: sign_bundle(staged, Path(key)))
+    typer.echo(f"signed: {Path(bundle) / ENVELOPE}\narchive: {archive}")
 
 
 @app.command()
 @friendly
 def check(
-    bundle: Path = typer.Argument(..., help="NAME.fastpath.tar.gz or NAME.fastpath/"),
-    trust: Path = typer.Option(Path("bundles/trusted_keys.toml"), "--trust", help="trust policy"),
+    bundle: Path = typer.Argument(..., help="NAME.TIER.fastpath.tar.gz or NAME.TIER.fastpath/"),
     source: Path = typer.Option(Path("."), "--source", help="checked-out tree to compare with"),
+    spec: Optional[Path] = typer.Option(None, "--spec", help="the tree's spec, relative to --source "
+                                        "(default: [tool.fastpath] default_spec of --source's pyproject.toml)"),
+    trust: Path = typer.Option(Path("bundles/trusted_keys.toml"), "--trust", help="trust policy"),
     require_tier: Optional[str] = typer.Option(None, "--require-tier", help="smoke | full"),
+    freshness: str = typer.Option("enforce", "--freshness", help="enforce: a stale attested part fails | "
+                                  "warn: staleness only warns, plan/gates judged by the bundle's own spec"),
     fmt: str = typer.Option("text", "--format", help="text | markdown | json"),
 ) -> None:
-    """Check a bundle as CI does (hostile input); the exit code is the verdict."""
-    from fastpath.check import main_check
+    """Check a bundle as CI does (hostile input). Exit: 0 pass, 1 fail, 2 usage or unreadable input."""
+    from fastpath.check import FRESHNESS, main_check
     from fastpath.errors import UsageError
 
     if fmt not in ("text", "markdown", "json"):
         raise UsageError(f"--format {fmt!r} is not one of text, markdown, json", "pass --format text|markdown|json")
-    raise typer.Exit(main_check(bundle, trust=trust, source=source, require_tier=require_tier, fmt=fmt))
+    if freshness not in FRESHNESS:
+        raise UsageError(f"--freshness {freshness!r} is not one of {', '.join(FRESHNESS)}",
+                         "pass --freshness enforce|warn")
+    if require_tier not in (None, "smoke", "full"):
+        raise UsageError(f"--require-tier {require_tier!r} is not one of smoke, full", "pass --require-tier smoke|full")
+    raise typer.Exit(main_check(bundle, trust=trust, source=source, require_tier=require_tier, fmt=fmt, spec=spec,
+                                freshness=freshness))
+
+
+@app.command()
+@friendly
+def digest(
+    spec: Optional[Path] = typer.Argument(None, help="the spec, relative to --source "
+                                          "(default: [tool.fastpath] default_spec of --source's pyproject.toml)"),
+    source: Path = typer.Option(Path("."), "--source", help="the tree to digest"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """Print the attested digests of the tree for a spec (what a bundle of it must attest)."""
+    from fastpath.check import BadInput, declared_spec
+    from fastpath.digest import attested_parts
+    from fastpath.errors import UsageError
+    from fastpath.spec import load_spec
+
+    try:
+        spec_path = declared_spec(Path(source), spec)
+    except BadInput as exc:
+        raise UsageError(str(exc), "pass the spec: fastpath digest path/to/fastpath.toml --source DIR") from None
+    the_spec = load_spec(spec_path)
+    parts = attested_parts(Path(source), the_spec)
+    out = {"spec": parts["spec_path"], "name": the_spec.name,
+           "parts": {p: v["digest"] for p, v in parts["parts"].items()}}
+    if as_json:
+        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+        return
+    typer.echo(f"spec {out['spec']} ({out['name']})")
+    for part, value in out["parts"].items():
+        typer.echo(f"  {part:<11} {value}")
 
 
 def main() -> None:  # pragma: no cover - console entry point alias

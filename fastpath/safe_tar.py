@@ -144,6 +144,7 @@ class _GzipStream(io.RawIOBase):
         self.raw, self.cap = raw, cap
         self.z = zlib.decompressobj(wbits=31)  # gzip framing only, one member
         self.buf = b""
+        self.pending = b""  # compressed input not yet consumed
         self.pos = 0  # decompressed bytes handed out (or skipped)
         self.produced = 0
         self.tail = b""  # the last <= 512 bytes handed out
@@ -157,19 +158,18 @@ class _GzipStream(io.RawIOBase):
         return True
 
     def _fill(self) -> bool:
-        """Decompress a little more into buf; False at the end of the gzip member."""
+        """Decompress at most _CHUNK more bytes into buf (bounded read-ahead, so a bomb is
+        refused with little memory); False at the end of the gzip member."""
         while not self.ended:
             if self.z.eof:
                 self._finish_member()
                 return False
-            chunk = self.raw.read(_CHUNK)
-            if not chunk:
-                raise UnsafeBundle("gzip stream is truncated (no gzip trailer)")
-            out = self.z.decompress(chunk, _CHUNK * 16)
-            while self.z.unconsumed_tail and len(out) < _CHUNK * 64:
-                out += self.z.decompress(self.z.unconsumed_tail, _CHUNK * 16)
-            if self.z.unconsumed_tail:  # keep the rest for the next call
-                self.raw = _Prepend(self.z.unconsumed_tail, self.raw)
+            if not self.pending:
+                self.pending = self.raw.read(_CHUNK)
+                if not self.pending:
+                    raise UnsafeBundle("gzip stream is truncated (no gzip trailer)")
+            out = self.z.decompress(self.pending, _CHUNK)
+            self.pending = self.z.unconsumed_tail
             if out:
                 self.produced += len(out)
                 if self.produced > self.cap:
@@ -217,19 +217,6 @@ class _GzipStream(io.RawIOBase):
         while chunk := self.read(_CHUNK):
             n += len(chunk)
         return n
-
-
-class _Prepend:
-    """``data`` then the rest of ``raw``: compressed input zlib has not consumed yet."""
-
-    def __init__(self, data: bytes, raw):
-        self.data, self.raw = data, raw
-
-    def read(self, n: int) -> bytes:
-        if self.data:
-            out, self.data = self.data[:n], self.data[n:]
-            return out
-        return self.raw.read(n)
 
 
 class _GuardedTarInfo(tarfile.TarInfo):

@@ -7,12 +7,15 @@ Run directory (``--out DIR``)::
     DIR/state/rows/<suite>.jsonl  rows as they come (fsync per row)
     DIR/state/done/<suite>.json   completion marker: a suite with one is never rerun on resume
     DIR/state/logs/<suite>.log    pytest output of the suite
-    DIR/NAME.fastpath/ + DIR/NAME.fastpath.tar.gz   the bundle
+    DIR/NAME.TIER.fastpath/ + DIR/NAME.TIER.fastpath.tar.gz   the bundle (NAME: the spec's name)
 
 Each suite runs in its own ``pytest.main`` call. An interrupted suite (Ctrl-C, crash) has no
 marker, so ``--resume DIR`` reruns it from scratch and skips the finished ones. Whatever
 happens, a bundle is only signed when every suite of the plan finished, and a run that did
-not is "incomplete" (exit 3), never "pass".
+not is "incomplete" (exit 3), never "pass". SIGTERM anywhere in a run acts as Ctrl-C; the bundle
+is written, signed and packed under a temp name and renamed last, so an interrupt leaves no
+temp files and no signed directory without its archive. A torn or hand-edited state file is a
+usage error (exit 2) naming the file.
 """
 
 from __future__ import annotations
@@ -122,8 +125,22 @@ class RunState:
     def exists(self) -> bool:
         return (self.root / "run.json").is_file()
 
+    def _load(self, path: Path) -> Any:
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise _torn(path, str(exc).splitlines()[0]) from None
+
     def run_info(self) -> dict:
-        return json.loads((self.root / "run.json").read_text())
+        path = self.root / "run.json"
+        info = self._load(path)
+        keys = ("spec_path", "spec_digest", "tier", "suites_dir", "repo_root")
+        bad = [k for k in keys if not isinstance(info, dict) or not isinstance(info.get(k), str)]
+        if bad:
+            raise _torn(path, f"missing or non-string {', '.join(bad)}")
+        if not isinstance(info.get("attested", {}), dict):
+            raise _torn(path, "attested is not an object")
+        return info
 
     def rows_path(self, suite: str) -> Path:
         return self.root / "rows" / f"{suite}.jsonl"
@@ -133,7 +150,12 @@ class RunState:
 
     def marker(self, suite: str) -> dict | None:
         path = self.root / "done" / f"{suite}.json"
-        return json.loads(path.read_text()) if path.is_file() else None
+        if not path.is_file():
+            return None
+        marker = self._load(path)
+        if not isinstance(marker, dict) or not isinstance(marker.get("status"), str):
+            raise _torn(path, "not a completion marker")
+        return marker
 
     def mark(self, suite: str, status: str, **info: Any) -> None:
         write_json_atomic({"suite": suite, "status": status, **info}, self.root / "done" / f"{suite}.json")
@@ -146,8 +168,20 @@ class RunState:
         rows: list[dict] = []
         for suite in plan.suites:
             if self.marker(suite) is not None:
-                rows += read_rows(self.rows_path(suite))
+                path = self.rows_path(suite)
+                try:
+                    suite_rows = read_rows(path)
+                except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                    raise _torn(path, str(exc).splitlines()[0]) from None
+                if not all(isinstance(r, dict) and "case_id" in r and "status" in r for r in suite_rows):
+                    raise _torn(path, "a line is not a result row")
+                rows += suite_rows
         return rows
+
+
+def _torn(path: Path, detail: str) -> UsageError:
+    return UsageError(f"run state {path} is unreadable or was edited ({detail})",
+                      "this run cannot be resumed: start a new one with a new --out")
 
 
 # --------------------------------------------------------------------------- progress
@@ -182,6 +216,12 @@ class Interrupted(Exception):
 
 
 def verify(opts: VerifyOptions, console: Any = None) -> VerifyResult:
+    """Run, judge, bundle. SIGTERM anywhere acts as Ctrl-C (KeyboardInterrupt: exit 3)."""
+    with _sigterm_as_interrupt():
+        return _verify(opts, console)
+
+
+def _verify(opts: VerifyOptions, console: Any = None) -> VerifyResult:
     from rich.console import Console
 
     console = console or Console(file=sys.stdout)
@@ -199,8 +239,7 @@ def verify(opts: VerifyOptions, console: Any = None) -> VerifyResult:
 
     interrupted = False
     try:
-        with _sigterm_as_interrupt():
-            _run_suites(todo, spec, plan, state, suites_dir, console)
+        _run_suites(todo, spec, plan, state, suites_dir, console)
     except (Interrupted, KeyboardInterrupt):
         interrupted = True
 
@@ -228,22 +267,29 @@ def _sigterm_as_interrupt() -> Any:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _fast_path_digest(repo_root: Path, spec: Spec) -> dict:
-    from fastpath.digest import source_digest
+def _attested(repo_root: Path, spec: Spec) -> dict:
+    from fastpath.digest import attested_parts
 
     try:
-        return source_digest(repo_root, spec.source_globs)
+        return attested_parts(repo_root, spec)
     except ValueError as exc:
-        raise FastpathError(f"cannot digest the fast-path sources: {exc}",
+        raise FastpathError(f"cannot digest the attested sources: {exc}",
                             "fix [sources] globs in the spec so each matches files under the project root") from None
 
 
-def _check_sources_unchanged(info: dict, digest: dict, run_dir: Path) -> None:
-    """The bundle attests one source digest: every suite of a run must have tested that code."""
-    started = info.get("source_digest")
-    if started is not None and started != digest["digest"]:
-        raise UsageError(f"the fast-path sources changed since the run in {run_dir} started "
-                         f"(digest {started[:12]} then, {digest['digest'][:12]} now)",
+def _part_digests(attested: dict) -> dict[str, str]:
+    return {part: value["digest"] for part, value in attested["parts"].items()}
+
+
+def _check_sources_unchanged(info: dict, attested: dict, run_dir: Path) -> None:
+    """The bundle attests one tree: every suite of a run must have tested that code."""
+    from fastpath.check import PART_LABELS
+
+    started = info.get("attested") or {}
+    now = _part_digests(attested)
+    changed = [PART_LABELS.get(p, p) for p in now if p in started and started[p] != now[p]]
+    if changed:
+        raise UsageError(f"the {', '.join(changed)} changed since the run in {run_dir} started",
                          "results of different code cannot be attested together: start a new run with a new --out")
 
 
@@ -265,7 +311,7 @@ def _prepare(opts: VerifyOptions, console: Any) -> tuple[Spec, str, Path, RunSta
         tier = info["tier"]
         suites_dir = Path(opts.suites_dir or info["suites_dir"])
         repo_root = Path(info["repo_root"])
-        _check_sources_unchanged(info, _fast_path_digest(repo_root, spec), state.run_dir)
+        _check_sources_unchanged(info, _attested(repo_root, spec), state.run_dir)
         return spec, tier, state.run_dir, state, suites_dir, repo_root
 
     spec_path = Path(opts.spec) if opts.spec else default_spec(Path.cwd())
@@ -285,7 +331,7 @@ def _prepare(opts: VerifyOptions, console: Any) -> tuple[Spec, str, Path, RunSta
     suites_dir = Path(opts.suites_dir) if opts.suites_dir else repo_root / "suites"
     write_json_atomic({"spec_path": str(spec_path.resolve()), "spec_digest": spec.digest, "tier": tier,
                        "suites_dir": str(suites_dir.resolve()), "repo_root": str(repo_root.resolve()),
-                       "source_digest": _fast_path_digest(repo_root, spec)["digest"]},
+                       "attested": _part_digests(_attested(repo_root, spec))},
                       state.root / "run.json")
     return spec, tier, run_dir, state, suites_dir, repo_root
 
@@ -382,19 +428,22 @@ def _finish(spec: Spec, plan: Plan, state: RunState, repo_root: Path, opts: Veri
     verdict = evaluate(spec, rows_frame(state.all_rows(plan)), plan, plan.tier, state.suite_state(plan))
     summary = verdict.to_summary()
     write_json_atomic(summary, state.root / "summary.json")
-    digest = _fast_path_digest(repo_root, spec)
-    _check_sources_unchanged(state.run_info(), digest, state.run_dir)
+    attested = _attested(repo_root, spec)
+    _check_sources_unchanged(state.run_info(), attested, state.run_dir)
     environment = capture(opts.argv, {"plan": "seeds are fixed in the suites"}, repo_root)
-    bundle_dir = bundle_mod.write_bundle(
-        state.run_dir / f"{spec.name}.fastpath", spec_path=spec.path, plan=plan.to_json(), rows=verdict.rows,
-        summary=summary, environment=environment, logs_dir=state.root / "logs", source_digest=digest)
-    signed = False
-    if opts.key and sign and verdict.complete:
+    signed = bool(opts.key and sign and verdict.complete)
+
+    def sign_staged(staged: Path) -> None:
         from fastpath.signing import sign_bundle
 
-        sign_bundle(bundle_dir, Path(opts.key))
-        signed = True
-    archive = bundle_mod.pack(bundle_dir)
+        sign_bundle(staged, Path(opts.key))
+
+    # Written, signed and packed under a temp name; renamed into place last (fastpath.bundle).
+    bundle_dir = bundle_mod.write_bundle(
+        state.run_dir / bundle_mod.bundle_name(spec.name, plan.tier), spec_path=spec.path, plan=plan.to_json(),
+        rows=verdict.rows, summary=summary, environment=environment, logs_dir=state.root / "logs",
+        attested=attested, sign=sign_staged if signed else None, archive=True)
+    archive = bundle_mod.archive_path(bundle_dir)
     _print_verdict(verdict, console)
     code = {"pass": EXIT_PASS, "fail": EXIT_FAIL}.get(verdict.verdict, EXIT_INCOMPLETE)
     message = f"bundle {archive}" + (" (signed)" if signed else " (not signed)")
