@@ -139,7 +139,7 @@ def build(tmp: Path, *, tier: str = "full", hardware: str = "sm_90", sign: bool 
     env["gpu"] = None if hardware == "cpu" else {"devices": [{"name": "Toy GPU", "arch": hardware}],
                                                  "driver": "0", "cuda": "0"}
     logs = tmp / "logs"
-    logs.mkdir()
+    logs.mkdir(parents=True)
     (logs / "pytest.log").write_text("collected 3 items\n")
     priv, pub, _ = generate_keypair(tmp / "keys" / "k.key", tmp / "keys" / "k.pub")
     trust = tmp / "trusted_keys.toml"
