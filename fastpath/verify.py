@@ -231,6 +231,8 @@ def _verify(opts: VerifyOptions, console: Any = None) -> VerifyResult:
     plan = build_plan(spec, tier)
     write_json_atomic(plan.to_json(), state.root / "plan.json")
 
+    if opts.resume is not None:
+        state.all_rows(plan)  # a torn or edited state fails now, before any suite runs
     selected = _selected_suites(plan, opts.only)
     todo = [s for s in selected if (state.marker(s) or {}).get("status") != "done"]
     skipped = [s for s in selected if s not in todo]

@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import pytest
 
@@ -68,3 +69,42 @@ def test_symlink_out_of_tree_is_refused(tmp_path):
 def test_canonical_json_is_order_independent():
     assert canonical_json({"b": 1, "a": [1, "é"]}) == canonical_json({"a": [1, "é"], "b": 1})
     assert canonical_json({"b": 1, "a": 2}) == '{"a":2,"b":1}\n'.encode()
+
+
+def _project(root):
+    _tree(root)
+    (root / "suites").mkdir()
+    (root / "suites" / "test_x.py").write_text("def test_x(): pass\n")
+    (root / "model.py").write_text("M = 1\n")
+    (root / "fastpath.toml").write_text((Path(__file__).parent / "doubles" / "spec.toml").read_text()
+                                        .replace('globs = ["src/**/*.py"]', 'globs = ["fast/**/*.py"]'))
+    return root
+
+
+def test_attested_parts_defaults_ownership_and_pseudo_entries(tmp_path):
+    from fastpath.digest import PARTS, attested_parts
+    from fastpath.spec import load_spec
+
+    root = _project(tmp_path)
+    a = attested_parts(root, load_spec(root / "fastpath.toml"))
+    files = {p: [f["path"] for f in a["parts"][p]["files"]] for p in PARTS}
+    assert files == {"fast_path": ["fast/a.py", "fast/k/b.py"],
+                     "validation": ["suites/test_x.py", "[gates]", "fastpath-version"],
+                     "subject": ["model.py"],  # the spec's directory's .py files, minus the fast path
+                     "spec": ["fastpath.toml"]}
+    assert a["spec_path"] == "fastpath.toml"
+    for p in PARTS:
+        assert a["parts"][p]["digest"] == tree_digest(a["parts"][p]["files"])
+
+
+def test_declared_globs_must_match_defaults_need_not(tmp_path):
+    from fastpath.digest import attested_parts
+    from fastpath.spec import load_spec
+
+    root = _project(tmp_path)
+    (root / "suites" / "test_x.py").unlink()
+    attested_parts(root, load_spec(root / "fastpath.toml"))  # default validation globs: fine
+    spec = root / "fastpath.toml"
+    spec.write_text(spec.read_text().replace('globs = ["fast/**/*.py"]', 'globs = ["fast/**/*.py"]\nvalidation = ["suites/*.py"]'))
+    with pytest.raises(SourceDigestError, match="'suites/\\*.py' matches no file"):
+        attested_parts(root, load_spec(spec))

@@ -195,3 +195,46 @@ def test_partial_run_is_incomplete_never_pass(spec):
     assert v.counts["cases_without_result"] == 0  # not-run suites are not reported as missing cases
     assert v.to_summary()["suites"] == {"coverage": "not_run", "kernels": "done"}
     assert v.gates["kernels_noise_floor"].status == "pass"
+
+
+# --------------------------------------------------------------------------- statuses
+
+def test_statuses_are_documented_in_one_table():
+    from fastpath.results import GATING_STATUSES, STATUS_TABLE, STATUSES, row_status_problem
+
+    assert STATUSES == ("pass", "fail", "error", "waived", "info") and "info" not in GATING_STATUSES
+    assert all(isinstance(doc, str) and doc for _, _, doc in STATUS_TABLE.values())
+    assert row_status_problem("skipped", False) == "row status 'skipped' is not one of pass, fail, error, waived, info"
+    assert row_status_problem("fail", True) == "row passed=True contradicts its status 'fail'"
+    assert row_status_problem("info", True) is None and row_status_problem("info", False) is None
+    info = make_row("perf", "c", "", "speedup", 1.3, threshold=1.0, comparator=">", status="info")
+    assert (info["status"], info["passed"]) == ("info", True)
+    with pytest.raises(ValueError, match="contradicts"):
+        make_row("s", "c", "g", "m", 1, passed=True, status="fail")
+
+
+def _with_info(plan, spec, gate="coverage_fast_path_fired"):
+    """The gate's rows replaced by informational rows; one ungated info row beside them."""
+    rows = [r if r["gate"] != gate else make_row(r["suite"], r["case_id"], gate, "m", 1.0, status="info",
+                                                 passed=True) for r in passing_rows(plan, spec)]
+    return rows + [make_row("coverage", plan.cases[0].case_id, "", "side_comparison", 2.0, status="info")]
+
+
+@pytest.mark.parametrize("tier,verdict", [("smoke", "pass"), ("full", "fail")])
+def test_info_rows_are_reported_but_never_gate(spec, tier, verdict):
+    plan = build_plan(spec, tier)
+    v = evaluate(spec, rows_frame(_with_info(plan, spec)), plan)
+    assert v.gates["coverage_fast_path_fired"].status == "info"
+    assert v.verdict == verdict and v.counts["info"] > 0
+    assert not [r for r in v.failing_rows if r["metric"] == "side_comparison"]  # no gate needed
+
+
+def test_invalid_rows_fail_the_verdict_naming_the_problem(spec):
+    plan = build_plan(spec, "smoke")
+    rows = rows_frame(passing_rows(plan, spec))
+    rows["status"] = rows["status"].astype(object)
+    rows.loc[0, "status"] = "skipped"
+    v = evaluate(spec, rows, plan)
+    assert v.verdict == "fail"
+    assert v.gates[rows.loc[0, "gate"]].status == "fail"
+    assert any(r["message"].startswith("invalid row: row status 'skipped' is not one of") for r in v.failing_rows)

@@ -132,3 +132,24 @@ def test_find_line_prefers_deepest_match():
     assert find_line(text, ["a", "b", "x"]) == 4
     assert find_line(text, ["a", "b", "y", "z"]) == 5
     assert find_line(text, ["nope"]) is None
+
+
+def test_sources_validation_and_subject_are_schema_checked(tmp_path):
+    ok = spec_with(tmp_path, 'globs = ["src/**/*.py"]', 'globs = ["src/**/*.py"]\nvalidation = ["suites/*.py"]\n'
+                   'subject = ["model/*.py"]')
+    s = load_spec(ok)
+    assert (s.validation_globs, s.subject_globs, s.declared_sources) == (["suites/*.py"], ["model/*.py"],
+                                                                         frozenset({"validation", "subject"}))
+    assert load_spec(DOUBLE_SPEC).validation_globs is None  # defaults apply (fastpath.digest)
+    bad = spec_with(tmp_path, 'globs = ["src/**/*.py"]', 'globs = ["src/**/*.py"]\nsubject = ["../outside/*.py"]')
+    assert "sources.subject[0]: '../outside/*.py' is not valid; expected a relative glob inside the repository" in error_of(bad)
+    bad = spec_with(tmp_path, 'globs = ["src/**/*.py"]', 'globs = ["src/**/*.py"]\nvalidation = []')
+    assert "sources.validation: is empty" in error_of(bad)
+    bad = spec_with(tmp_path, 'globs = ["src/**/*.py"]', 'globs = ["src/**/*.py"]\nweights = ["w.bin"]')
+    assert "unknown key 'weights'; allowed keys: globs, validation, subject" in error_of(bad)
+
+
+def test_real_spec_declares_all_three_source_sets():
+    s = load_spec(REAL_SPEC)
+    assert s.declared_sources == {"validation", "subject"}
+    assert "optimized_model/k3/*.py" in s.subject_globs and "suites/**/*.py" in s.validation_globs
