@@ -86,7 +86,8 @@ def load_trust(path: Path) -> dict[str, TrustedKey]:
 # --- the tree's spec -------------------------------------------------------------------------
 
 def declared_spec(source_root: Path, spec: Path | None = None) -> Path:
-    """The spec the tree declares: ``spec`` (relative to the source root) or the
+    """The spec the tree declares: ``spec`` (relative to the source root, else to the current
+    directory; inside the source tree either way) or the
     ``[tool.fastpath] default_spec`` of its pyproject.toml; BadInput if there is none."""
     root = Path(source_root).resolve()
     if spec is None:
@@ -99,6 +100,8 @@ def declared_spec(source_root: Path, spec: Path | None = None) -> Path:
             raise BadInput(f"{pyproject}: [tool.fastpath] default_spec is not a string")
         spec = Path(rel)
     path = (root / spec).resolve()
+    if not path.is_file() and Path(spec).resolve().is_file():
+        path = Path(spec).resolve()  # given relative to the current directory instead
     if not path.is_relative_to(root):
         raise BadInput(f"spec {spec} is outside the source tree {root}")
     if not path.is_file():

@@ -185,7 +185,10 @@ def test_cli_keygen_sign_refuses_incomplete_and_check_rejects(tmp_path):
     partial = run(make_project(tmp_path / "p"), out=tmp_path / "run", only=["kernels"])
     result = runner.invoke(app, ["sign", str(partial.bundle_dir), "--key", str(tmp_path / "k.key")])
     assert result.exit_code == 2 and "incomplete" in result.output and "Traceback" not in result.output
-    result = runner.invoke(app, ["check", str(partial.archive), "--trust", str(tmp_path / "none.toml"),
-                                 "--source", str(tmp_path / "p"), "--format", "json"])
+    args = ["check", str(partial.archive), "--source", str(tmp_path / "p"), "--format", "json"]
+    result = runner.invoke(app, [*args, "--trust", str(tmp_path / "missing.toml")])
+    assert result.exit_code == 2 and "cannot read trust policy" in result.output  # unreadable input
+    (tmp_path / "none.toml").write_text("# no keys yet\n")
+    result = runner.invoke(app, [*args, "--trust", str(tmp_path / "none.toml")])
     assert result.exit_code == 1
     assert json.loads(result.output)["passed"] is False
