@@ -143,7 +143,7 @@ class _GzipStream(io.RawIOBase):
     def __init__(self, raw, cap: int):
         self.raw, self.cap = raw, cap
         self.z = zlib.decompressobj(wbits=31)  # gzip framing only, one member
-        self.buf = b""
+        self.buf = bytearray()  # decompressed, not yet handed out
         self.pending = b""  # compressed input not yet consumed
         self.pos = 0  # decompressed bytes handed out (or skipped)
         self.produced = 0
@@ -189,7 +189,8 @@ class _GzipStream(io.RawIOBase):
             n = self.cap + 1
         while len(self.buf) < n and self._fill():
             pass
-        data, self.buf = self.buf[:n], self.buf[n:]
+        data = bytes(self.buf[:n])
+        del self.buf[:n]
         self.pos += len(data)
         self.tail = (self.tail + data)[-tarfile.BLOCKSIZE:]
         return data
