@@ -7,13 +7,17 @@ the protocols below (duck typing, checked by ``tests/test_engine_contract.py``-s
 
 Paths: ``"standard"`` (what a generic engine runs), ``"fast"`` (the fast path behind the
 opt-in switch) and ``"oracle"`` (the standard math in fp32, the numerics reference).
+
+The opt-in switch travels as vLLM's ``additional_config`` does: a mapping ``{key: value}``
+built from the spec's ``[switch]`` table (``switch_config``), passed to ``Engine.load("fast",
+additional_config=...)``. The engine, not the harness, decides whether the switch is its own.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 PATHS = ("standard", "fast", "oracle")
 ENTRY_POINT_GROUP = "fastpath.engines"
@@ -129,10 +133,20 @@ class Engine(Protocol):
 
     def info(self) -> dict[str, Any]:
         """{"device": "cpu"|"cuda", "arch": "sm_90"|"cpu", "device_name": str,
-        "model_config": str, "dtype": str, "triton_interpreter": bool, ...}"""
+        "model_config": str, "dtype": str, "triton_interpreter": bool, ...}; optionally
+        "switch": {"key": str, "value": str}, the switch its fast path answers to (named in
+        the coverage gate's message when the spec's switch does not engage it)."""
         ...
 
-    def load(self, path: str) -> Model: ...
+    def load(self, path: str, *, additional_config: Mapping[str, str] | None = None) -> Model:
+        """The model on ``path``. ``additional_config`` is the opt-in switch exactly as vLLM's
+        ``additional_config`` (``{"decode_backend": "latency_specialized"}``); the harness
+        passes ``switch_config(spec.switch)`` when it loads "fast" and nothing otherwise.
+
+        The engine turns its fast path on ONLY when it finds its own switch key with its own
+        value there. Any other config (wrong value, missing key, None) loads a model that runs
+        the standard path and reports no fast-path event, as vLLM would."""
+        ...
 
     def components(self) -> list[Component]: ...
 
@@ -141,6 +155,19 @@ class Engine(Protocol):
     def fast_path_available(self) -> tuple[bool, str]:
         """(True, "") or (False, the reason, e.g. "no CUDA device and no Triton interpreter")."""
         ...
+
+
+def switch_config(switch: Mapping[str, str]) -> dict[str, str]:
+    """The spec's ``[switch]`` table (``{"key": k, "value": v}``) as ``additional_config``
+    (``{k: v}``), the form ``Engine.load`` takes."""
+    return {str(switch["key"]): str(switch["value"])}
+
+
+def switch_text(switch: Mapping[str, str] | None) -> str:
+    """``key=value`` of a ``[switch]``-shaped mapping, for messages ("?" when unknown)."""
+    if not switch or "key" not in switch or "value" not in switch:
+        return "?"
+    return f"{switch['key']}={switch['value']}"
 
 
 class EngineNotFound(LookupError):

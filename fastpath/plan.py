@@ -132,7 +132,8 @@ def _coverage(spec: Spec, tier: Tier) -> list[Case]:
     s = tier.scope
     for step, reason in s["fallbacks"].items():
         cfg = {"fallback": step, "reason": reason, "batch": min(s["batch_sizes"]),
-               "context": min(s["context_lengths"]), "out_of_scope_batch": max(spec.scope["batch_sizes"]) + 1}
+               "context": min(s["context_lengths"]), "out_of_scope_batch": max(spec.scope["batch_sizes"]) + 1,
+               "out_of_scope_context": int(spec.features["max_context"]) + 1}
         cases.append(Case("coverage", "fallback", f"coverage/fallback/{step}", cfg))
     cases += [Case("coverage", "profiler", f"coverage/profiler/{_shape_id(c)}", c) for c in _decode_configs(tier)]
     return cases

@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import pytest
 
+from fastpath.engine import switch_config
 from fastpath.plan import Plan, build_plan
 from fastpath.results import RowWriter, make_row
 from fastpath.spec import Spec, Tier, load_spec
@@ -45,15 +46,22 @@ def create_engine(name: str, options: dict[str, Any]) -> Any:
 
 
 class LazyModels:
-    """``fp_models["fast"]``: each path is loaded on first use, once per session."""
+    """``fp_models["fast"]``: each path is loaded on first use, once per session. "fast" is
+    loaded with the spec's switch as ``additional_config`` (fastpath.engine.Engine.load); the
+    other paths without it."""
 
-    def __init__(self, engine_getter: Callable[[], Any]) -> None:
+    def __init__(self, engine_getter: Callable[[], Any], switch: dict[str, str]) -> None:
         self._engine_getter = engine_getter
+        self._fast_config = switch_config(switch)
         self._models: dict[str, Any] = {}
 
     def __getitem__(self, path: str) -> Any:
         if path not in self._models:
-            self._models[path] = self._engine_getter().load(path)
+            engine = self._engine_getter()
+            if path == "fast":
+                self._models[path] = engine.load(path, additional_config=dict(self._fast_config))
+            else:
+                self._models[path] = engine.load(path)
         return self._models[path]
 
     def close(self) -> None:
@@ -267,7 +275,7 @@ def fp_engine(request: pytest.FixtureRequest) -> Any:
 
 @pytest.fixture(scope="session")
 def fp_models(request: pytest.FixtureRequest) -> LazyModels:
-    models = LazyModels(lambda: request.getfixturevalue("fp_engine"))
+    models = LazyModels(lambda: request.getfixturevalue("fp_engine"), _state(request.config).spec.switch)
     yield models
     models.close()
 

@@ -21,7 +21,7 @@ TIERS = ("smoke", "full")
 DTYPES = ("float32", "float16", "bfloat16")
 STRUCTURED_KINDS = ("json_schema", "regex")
 # Reasons the trace may record when the fast path declines a step (docs/architecture.md).
-FALLBACK_REASONS = ("prefill", "mixed_batch", "batch_out_of_scope", "fast_path_unavailable")
+FALLBACK_REASONS = ("prefill", "mixed_batch", "batch_out_of_scope", "context_out_of_scope", "fast_path_unavailable")
 ENGINE_RE = re.compile(r"^[A-Za-z_][\w.-]*$|^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 ARCH_RE = re.compile(r"^sm_\d{2,3}a?$")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")

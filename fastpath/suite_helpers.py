@@ -11,6 +11,8 @@ import math
 import random
 from typing import Any
 
+from fastpath.engine import switch_text
+
 # Refusal reasons that are a property of the machine, not a defect, and on which device kind
 # each is acceptable: "no_cuda" (the whole-step CUDA graph cannot exist on CPU).
 ENVIRONMENT_REASONS = {"no_cuda": "cpu"}
@@ -40,6 +42,18 @@ def tier_name(tier: Any) -> str:
 
 def device_kind(engine: Any) -> str:
     return "cuda" if str(engine.info().get("device", "cpu")).startswith("cuda") else "cpu"
+
+
+def no_event_reason(spec: Any, engine: Any) -> str:
+    """Why a fast-model step reported nothing at all: the spec's switch (passed to
+    ``engine.load("fast", additional_config=...)``) against the one the engine says it expects
+    (``info()["switch"]``)."""
+    given = switch_text(getattr(spec, "switch", None))
+    expected = engine.info().get("switch")
+    if expected and switch_text(expected) == given:
+        return f"no fast-path event with the switch {given} on: the fast path did not fire"
+    wants = switch_text(expected) if expected else "a switch it does not state in info()"
+    return f"no fast-path event: the switch {given} did not engage the fast path (engine expects {wants})"
 
 
 def environment_refusal(reason: str, engine: Any) -> bool:

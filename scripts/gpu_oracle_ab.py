@@ -22,7 +22,7 @@ import copy
 
 import torch
 
-from optimized_model.k3.fast import hooks, tuning
+from optimized_model.k3.fast import dispatch, tuning
 from optimized_model.k3.model import K3Model
 from sweep_util import (apply_patch, compare_logits, decode_teacher_forced, parse_variant,
                         stopwatch_log, teacher_forced_inputs)
@@ -46,7 +46,7 @@ def main() -> int:
     model = K3Model.build("mini", device="cuda", dtype=torch.bfloat16, seed=0)
     oracle = K3Model.build("mini", device="cuda", dtype=torch.float32, seed=0, oracle=True,
                            round_dtype=torch.bfloat16)
-    fd = hooks.build_fast_decoder(model, lambda b, cap: model.new_state(b, cap))
+    fd = dispatch.build_fast_decoder(model, lambda b, cap: model.new_state(b, cap))
     for B in (int(b) for b in args.batches.split(",")):
         tokens, start = teacher_forced_inputs(model, B, args.context, args.steps)
         ref = decode_teacher_forced(oracle, tokens, start.to_dtype(torch.float32))

@@ -25,7 +25,7 @@ import argparse
 
 import torch
 
-from optimized_model.k3.fast import hooks
+from optimized_model.k3.fast import dispatch
 from optimized_model.k3.model import K3Model
 from sweep_util import compare_logits, decode_teacher_forced, stopwatch_log, teacher_forced_inputs
 
@@ -70,7 +70,7 @@ def main() -> int:
     runs[f"KDA backend torch (default {model.kda_backend})"] = backend("kda_backend", "torch")
     runs[f"MoE backend loop (default {model.moe_backend})"] = backend("moe_backend", "loop")
 
-    fd = hooks.build_fast_decoder(model, lambda b, c: model.new_state(b, c))
+    fd = dispatch.build_fast_decoder(model, lambda b, c: model.new_state(b, c))
     runs["fast path (for scale)"] = lambda: decode_teacher_forced(fd, tokens, start)
     oracle = K3Model.build("mini", device="cuda", dtype=torch.float32, seed=0, oracle=True,
                            round_dtype=torch.bfloat16)

@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from optimized_model.k3.fast import hooks, tuning
+from optimized_model.k3.fast import dispatch, tuning
 from optimized_model.k3.model import K3Model
 from sweep_util import max_finite_diff, parse_patch
 
@@ -62,7 +62,7 @@ def main() -> int:
                 # a fresh decoder per run: a graph decoder keys its graphs by the state's
                 # addresses, and a new state may reuse the last one's blocks — its graph,
                 # captured under the previous setting, would be replayed
-                fd = hooks.build_fast_decoder(model, factory, use_graphs=graphs)
+                fd = dispatch.build_fast_decoder(model, factory, use_graphs=graphs)
                 label = f"B={B} #{i + 1} pdl {setting} {name}"
                 print(f"{label}: running", flush=True)
                 results[label] = run(fd, model, B, args.steps, seed=B)

@@ -19,6 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from fastpath.engine import create_engine
+from optimized_model.k3.fast import dispatch
 
 
 def kernel_table(prof, steps: int) -> list[dict]:
@@ -42,7 +43,7 @@ def main() -> None:
     engine = create_engine("embedded", config="mini", device="cuda", dtype="bfloat16")
     out = []
     for path in args.paths.split(","):
-        model = engine.load(path)
+        model = engine.load(path, additional_config=dispatch.switch_config())
         for b in [int(x) for x in args.batches.split(",")]:
             step = model.decode_step(b, args.context)
             for _ in range(3):

@@ -24,7 +24,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from fastpath.engine import create_engine
-from optimized_model.k3.fast import tuning
+from optimized_model.k3.fast import dispatch, tuning
 from sweep_util import apply_patch, parse_patch
 
 
@@ -72,7 +72,7 @@ def main() -> None:
     table = tuning.table_for("cuda")
     base = copy.deepcopy(table["kernels"])
     engine = create_engine("embedded", config="mini", device="cuda", dtype="bfloat16")
-    model = engine.load(args.path)
+    model = engine.load(args.path, additional_config=dispatch.switch_config())
     out = []
     for b in [int(x) for x in args.batches.split(",")]:
         apply_patch(table, base, patch, b)

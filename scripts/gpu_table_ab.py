@@ -25,7 +25,7 @@ import statistics
 
 import torch
 
-from optimized_model.k3.fast import hooks, tuning
+from optimized_model.k3.fast import dispatch, tuning
 from optimized_model.k3.fast.gpu_bench import time_graph
 from optimized_model.k3.model import K3Model
 from sweep_util import apply_patch, max_finite_diff, parse_variant, stopwatch_log
@@ -44,7 +44,7 @@ def main() -> None:
     table = tuning.table_for("cuda")
     base = copy.deepcopy(table["kernels"])
     model = K3Model.build("mini", device="cuda", dtype=torch.bfloat16, seed=0)
-    fd = hooks.build_fast_decoder(model, lambda b, cap: model.new_state(b, cap))
+    fd = dispatch.build_fast_decoder(model, lambda b, cap: model.new_state(b, cap))
     rows = []
     for B in [int(b) for b in args.batches.split(",")]:
         steps, first = {}, {}

@@ -7,9 +7,12 @@ decode   (gate coverage_fast_path_fired): the fast model's ``decode_step`` runs 
          ``engine.components()``: it passes iff the component engaged in every recorded step
          and was never refused. A refusal whose reason is a property of the machine
          (``no_cuda`` on CPU, for the whole-step graph) is a waiver row for that component.
-fallback (gate coverage_clean_fallback): prefill, mixed and out-of-scope-batch steps. One row
-         per component: passes iff it was refused with the declared reason in every step and
-         never engaged.
+fallback (gate coverage_clean_fallback): prefill, mixed, out-of-scope-batch and
+         out-of-scope-context steps. One row per component: passes iff it was refused with the
+         declared reason in every step and never engaged.
+A decode or fallback case in which nothing reported at all says so, naming the spec's switch
+(the fast model is loaded with it as ``additional_config``; an engine whose switch differs runs
+the standard path, which reports nothing).
 profiler (gate coverage_profiler_kernels): on a GPU, ``torch.profiler`` captures real steps;
          for each component, kernel names matching its fast patterns must appear and names
          matching its fallback patterns must not, and a component the trace saw engage must
@@ -62,7 +65,7 @@ def _sync(engine) -> None:
 
 
 @pytest.mark.fastpath(kind="decode", gate="coverage_fast_path_fired")
-def test_decode_fast_path_fired(case, fp_engine, fp_models, record):
+def test_decode_fast_path_fired(case, fp_engine, fp_models, fp_spec, record):
     cfg = H.case_config(case)
     b, c, d = int(cfg["batch"]), int(cfg["context"]), int(cfg.get("draft", 0))
     model = fp_models["fast"]
@@ -76,6 +79,7 @@ def test_decode_fast_path_fired(case, fp_engine, fp_models, record):
     matrix = _matrix(recs, components)
     shape = {"batch": b, "context": c, "draft": d, "tp": cfg.get("tp", 1)}
     unknown = sorted(set(matrix) - set(components))
+    silent = "" if any(r.events for r in recs) else H.no_event_reason(fp_spec, fp_engine) + "; "
     for comp in components:
         steps_engaged = sum(1 for r in recs if r.engaged(comp))
         refused = [e for r in recs for e in r.refused(comp)]
@@ -93,7 +97,7 @@ def test_decode_fast_path_fired(case, fp_engine, fp_models, record):
         ok = steps_engaged == STEPS and not refused
         msg = ""
         if not ok:
-            msg = (f"{comp}: engaged in {steps_engaged}/{STEPS} steps"
+            msg = (f"{silent}{comp}: engaged in {steps_engaged}/{STEPS} steps"
                    + (f", refused ({', '.join(reasons)})" if refused else "")
                    + " -- the fast path did not fire for this in-scope case")
         record("coverage_fast_path_fired", "steps_engaged", steps_engaged, threshold=STEPS, comparator=">=",
@@ -115,11 +119,14 @@ def _fallback_step(model, cfg: dict):
     if kind == "batch_out_of_scope":
         b = int(cfg["out_of_scope_batch"])
         return model.decode_step(b, c, 0), {"batch": b, "context": c}
+    if kind == "context_out_of_scope":
+        c = int(cfg["out_of_scope_context"])
+        return model.decode_step(b, c, 0), {"batch": b, "context": c}
     return None, {"batch": b, "context": c}
 
 
 @pytest.mark.fastpath(kind="fallback", gate="coverage_clean_fallback")
-def test_clean_fallback(case, fp_engine, fp_models, record):
+def test_clean_fallback(case, fp_engine, fp_models, fp_spec, record):
     cfg = H.case_config(case)
     want = cfg.get("reason") or cfg.get("fallback")
     model = fp_models["fast"]
@@ -132,6 +139,7 @@ def test_clean_fallback(case, fp_engine, fp_models, record):
     _sync(fp_engine)
     components = [comp.name for comp in fp_engine.components()]
     matrix = _matrix(recs, components)
+    silent = "" if any(r.events for r in recs) else H.no_event_reason(fp_spec, fp_engine) + "; "
     for comp in components:
         engaged = sum(len(r.engaged(comp)) for r in recs)
         steps_declared = sum(1 for r in recs if any(e.detail == want for e in r.refused(comp)))
@@ -147,7 +155,7 @@ def test_clean_fallback(case, fp_engine, fp_models, record):
                 parts.append(f"refused with {want!r} in {steps_declared}/{STEPS} steps")
             if other:
                 parts.append(f"other reasons {other}")
-            msg = f"{comp}: " + "; ".join(parts)
+            msg = f"{silent}{comp}: " + "; ".join(parts)
         record("coverage_clean_fallback", "steps_refused_with_reason", steps_declared, threshold=STEPS,
                comparator=">=", passed=ok, component=comp, draft=0,
                detail={"cell": matrix[comp], "expected_reason": want, "engaged_events": engaged,

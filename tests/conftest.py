@@ -1,5 +1,5 @@
-"""Shared test set-up: the test doubles importable (spec engine "fastpath_double_engine:..."), and a
-one-CPU-thread fixture for the model tests."""
+"""Shared test set-up: the test doubles importable (spec engines "stub.engine:..." and
+"tiny_lm.engine:...", tests/doubles/README.md), and a one-CPU-thread fixture for the model tests."""
 
 import sys
 from pathlib import Path
@@ -11,7 +11,7 @@ if str(DOUBLES) not in sys.path:
     sys.path.insert(0, str(DOUBLES))
 
 # Suites inside the doubles are run by the verify tests through pytest.main, never collected here.
-collect_ignore_glob = ["doubles/*", "suite_doubles/*"]
+collect_ignore_glob = ["doubles/*"]
 
 
 @pytest.fixture(scope="module")

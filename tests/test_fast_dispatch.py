@@ -1,5 +1,5 @@
 """Dispatch decisions of the K3-mini fast path: the switch, the one decision point
-(hooks.select_decode), refusal reasons, tuning-table variants per batch, the registry."""
+(dispatch.select_decode), refusal reasons, tuning-table variants per batch, the registry."""
 
 import os
 
@@ -12,31 +12,31 @@ import torch
 
 from fastpath import trace
 from fastpath.engine import Component, KernelEntry
-from optimized_model.k3.fast import hooks, registry, tuning
+from optimized_model.k3.fast import dispatch, registry, tuning
 from optimized_model.k3.fast.kernels import gemv as G
 from optimized_model.k3.fast.kernels import moe as MOE
 
 
 def test_switch():
-    assert hooks.switch_on({"decode_backend": "latency_specialized"})
-    assert not hooks.switch_on({"decode_backend": "default"})
-    assert not hooks.switch_on({})
-    assert not hooks.switch_on(None)
-    assert hooks.switch_on("latency_specialized")
+    assert dispatch.switch_on({"decode_backend": "latency_specialized"})
+    assert not dispatch.switch_on({"decode_backend": "default"})
+    assert not dispatch.switch_on({})
+    assert not dispatch.switch_on(None)
+    assert dispatch.switch_on("latency_specialized")
 
     class Cfg:
         decode_backend = "latency_specialized"
 
-    assert hooks.switch_on(Cfg())
+    assert dispatch.switch_on(Cfg())
 
 
 def test_scope_comes_from_the_spec():
-    sc = hooks.scope()
+    sc = dispatch.scope()
     assert sc["batch_sizes"] == [1, 2, 4, 8, 16, 32, 64]
     assert sc["max_context"] == 32768
-    assert hooks.graph_batch(3) == 4 and hooks.graph_batch(64) == 64 and hooks.graph_batch(1) == 1
+    assert dispatch.graph_batch(3) == 4 and dispatch.graph_batch(64) == 64 and dispatch.graph_batch(1) == 1
     with pytest.raises(ValueError):
-        hooks.graph_batch(65)
+        dispatch.graph_batch(65)
 
 
 @pytest.mark.parametrize(
@@ -53,13 +53,13 @@ def test_scope_comes_from_the_spec():
     ],
 )
 def test_decide(batch, context, kind, reason):
-    assert hooks.decide(batch, context, kind) == reason
+    assert dispatch.decide(batch, context, kind) == reason
 
 
 def test_select_decode_in_scope_returns_the_decoder_and_reports_no_refusal():
     decoder = object()
     with trace.recording() as rec:
-        assert hooks.select_decode(2, 64, "decode", decoder=decoder) is decoder
+        assert dispatch.select_decode(2, 64, "decode", decoder=decoder) is decoder
     assert rec.refused() == []
 
 
@@ -67,7 +67,7 @@ def test_select_decode_in_scope_returns_the_decoder_and_reports_no_refusal():
                                                ("decode", 128, "batch_out_of_scope")])
 def test_select_decode_refuses_every_component(kind, batch, reason):
     with trace.recording() as rec:
-        assert hooks.select_decode(batch, 64, kind, decoder=object()) is None
+        assert dispatch.select_decode(batch, 64, kind, decoder=object()) is None
     refused = rec.refused()
     assert {e.component for e in refused} == set(registry.COMPONENT_NAMES)
     assert {e.detail for e in refused} == {reason}
@@ -76,22 +76,22 @@ def test_select_decode_refuses_every_component(kind, batch, reason):
 
 def test_select_decode_without_decoder_is_unavailable():
     with trace.recording() as rec:
-        assert hooks.select_decode(1, 16, "decode", decoder=None) is None
+        assert dispatch.select_decode(1, 16, "decode", decoder=None) is None
     assert {e.detail for e in rec.refused()} == {"fast_path_unavailable"}
 
 
 def test_unavailable_without_cuda_and_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    ok, why = hooks.fast_path_available()
+    ok, why = dispatch.fast_path_available()
     assert not ok and "interpreter" in why
-    assert hooks.decide(1, 16) == "fast_path_unavailable"
+    assert dispatch.decide(1, 16) == "fast_path_unavailable"
     with trace.recording() as rec:
-        assert hooks.build_fast_decoder(object(), None) is None
+        assert dispatch.build_fast_decoder(object(), None) is None
     assert {e.component for e in rec.refused()} == set(registry.COMPONENT_NAMES)
     assert {e.detail for e in rec.refused()} == {"fast_path_unavailable"}
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert hooks.fast_path_available() == (True, "")
+    assert dispatch.fast_path_available() == (True, "")
 
 
 # -- tuning tables --------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fastpath import trace
-from optimized_model.k3.fast import hooks, registry
+from optimized_model.k3.fast import dispatch, registry
 from optimized_model.k3.model import K3Model
 
 
@@ -20,7 +20,7 @@ def fp32_model():
 
 
 def _decoder(m):
-    fd = hooks.build_fast_decoder(m, lambda b, cap: m.new_state(b, cap))
+    fd = dispatch.build_fast_decoder(m, lambda b, cap: m.new_state(b, cap))
     assert fd is not None
     return fd
 

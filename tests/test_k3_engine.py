@@ -53,16 +53,66 @@ def test_bad_options_are_clear():
         create_engine("embedded").load("turbo")
 
 
+SWITCH = {"decode_backend": "latency_specialized"}  # the spec's [switch], as additional_config
+
+
 def test_fast_path_never_silently_standard(engine):
     ok, why = engine.fast_path_available()
     if not ok:
         from optimized_model.k3.engine import FastPathUnavailable
 
         with pytest.raises(FastPathUnavailable, match="fast path"):
-            engine.load("fast")
+            engine.load("fast", additional_config=SWITCH)
     else:
-        fast = engine.load("fast")
+        fast = engine.load("fast", additional_config=SWITCH)
         assert fast.path == "fast" and fast.runner.fast is not None
+
+
+def test_engine_states_its_switch_and_it_matches_the_spec(engine):
+    from fastpath.spec import load_spec
+    from optimized_model.k3.fast import dispatch
+
+    spec = load_spec("optimized_model/k3/fastpath.toml")
+    assert engine.info()["switch"] == spec.switch == dispatch.own_switch()
+    assert dispatch.switch_config() == SWITCH
+
+
+@pytest.mark.parametrize("config", [{"decode_backend": "default"}, {"decode_backend_": "latency_specialized"},
+                                    {}, None], ids=["wrong_value", "missing_key", "empty", "none"])
+def test_switch_mismatch_runs_the_standard_path_with_no_fast_path_event(engine, config):
+    model = engine.load("fast", additional_config=config)
+    assert model.path == "standard" and model.runner.fast is None
+    with trace.recording() as rec:
+        model.decode_step(1, 16)()
+        model.prefill_step(1, 16)()
+    assert rec.events == []
+
+
+def test_own_switch_engages_the_fast_path(engine):
+    ok, why = engine.fast_path_available()
+    if not ok:
+        pytest.skip(f"fast path unavailable here: {why}")
+    fast = engine.load("fast", additional_config=dict(SWITCH))
+    with trace.recording() as rec:
+        fast.decode_step(1, 16)()
+    assert {e.component for e in rec.engaged()} >= {"dense_gemv", "lm_head"}
+
+
+def test_context_beyond_max_context_is_a_declared_fallback(engine):
+    """The spec declares context_out_of_scope; the fast model refuses it for every component."""
+    from fastpath.spec import load_spec
+
+    ok, why = engine.fast_path_available()
+    if not ok:
+        pytest.skip(f"fast path unavailable here: {why}")
+    spec = load_spec("optimized_model/k3/fastpath.toml")
+    assert spec.scope["fallbacks"]["context_out_of_scope"] == "context_out_of_scope"
+    fast = engine.load("fast", additional_config=SWITCH)
+    with trace.recording() as rec:
+        fast.decode_step(1, spec.features["max_context"] + 1)()
+    assert rec.engaged() == []
+    assert {e.component for e in rec.refused()} == {c.name for c in engine.components()}
+    assert {e.detail for e in rec.refused()} == {"context_out_of_scope"}
 
 
 def test_greedy_generate_agrees_with_score(std):

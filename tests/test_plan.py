@@ -9,7 +9,7 @@ from fastpath.cli import app
 from fastpath.plan import Plan, build_plan
 from fastpath.spec import load_spec
 
-DOUBLE_SPEC = Path(__file__).parent / "doubles" / "spec.toml"
+DOUBLE_SPEC = Path(__file__).parent / "doubles" / "stub" / "spec.toml"
 REAL_SPEC = Path(__file__).resolve().parents[1] / "optimized_model" / "k3" / "fastpath.toml"
 
 
@@ -118,3 +118,15 @@ def test_cli_plan_defaults_to_the_projects_spec(tmp_path, monkeypatch):
     result = CliRunner().invoke(app, ["plan", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["cases"] == build_plan(load_spec(DOUBLE_SPEC), "smoke").to_json()["cases"]
+
+
+def test_every_declared_fallback_of_the_real_spec_is_a_coverage_case():
+    """context_out_of_scope is declared like the others; its case drives a context past
+    features.max_context (the dispatch's limit), at an in-scope batch."""
+    spec = load_spec(REAL_SPEC)
+    cases = {c.case_id: c for c in build_plan(spec, "smoke").for_suite("coverage")[0] if c.kind == "fallback"}
+    assert set(cases) == {f"coverage/fallback/{s}" for s in
+                          ("prefill", "mixed", "batch_out_of_scope", "context_out_of_scope")}
+    cfg = cases["coverage/fallback/context_out_of_scope"].config
+    assert cfg["reason"] == "context_out_of_scope" and cfg["batch"] in spec.scope["batch_sizes"]
+    assert cfg["out_of_scope_context"] == spec.features["max_context"] + 1

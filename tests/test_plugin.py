@@ -9,7 +9,7 @@ import pytest
 
 from fastpath.results import read_rows
 
-DOUBLES = Path(__file__).parent / "doubles"
+DOUBLES = Path(__file__).parent / "doubles" / "stub"
 SPEC = DOUBLES / "spec.toml"
 
 

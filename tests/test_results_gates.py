@@ -13,7 +13,7 @@ from fastpath.results import (COLUMNS, RowWriter, make_row, read_parquet, read_r
                               write_json_atomic, write_parquet)
 from fastpath.spec import load_spec
 
-DOUBLE_SPEC = Path(__file__).parent / "doubles" / "spec.toml"
+DOUBLE_SPEC = Path(__file__).parent / "doubles" / "stub" / "spec.toml"
 
 
 # --------------------------------------------------------------------------- rows

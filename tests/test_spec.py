@@ -8,7 +8,7 @@ from fastpath.errors import SpecError
 from fastpath.spec import find_line, load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
-DOUBLE_SPEC = Path(__file__).parent / "doubles" / "spec.toml"
+DOUBLE_SPEC = Path(__file__).parent / "doubles" / "stub" / "spec.toml"
 REAL_SPEC = ROOT / "optimized_model" / "k3" / "fastpath.toml"
 
 
@@ -46,7 +46,7 @@ def test_real_spec_is_valid():
 def test_double_spec_defaults_and_digest(tmp_path):
     spec = load_spec(DOUBLE_SPEC)
     assert spec.scope["draft_lengths"] == [0] and spec.scope["tensor_parallel"] == [1]
-    assert spec.engine == "fastpath_double_engine:DoubleEngine"
+    assert spec.engine == "stub.engine:StubEngine"
     changed = load_spec(spec_with(tmp_path, "name = \"double\"", "name = \"double2\""))
     assert changed.digest != spec.digest
 
@@ -90,7 +90,7 @@ def test_inline_table_value_error_points_at_its_line(tmp_path):
 
 
 def test_missing_required_key(tmp_path):
-    msg = error_of(spec_with(tmp_path, "engine = \"fastpath_double_engine:DoubleEngine\"\n", ""))
+    msg = error_of(spec_with(tmp_path, "engine = \"stub.engine:StubEngine\"\n", ""))
     assert "fastpath.engine: required key is missing" in msg
 
 

@@ -1,4 +1,4 @@
-"""The validation suites against the test-double engine (tests/suite_doubles/), and their
+"""The validation suites against the test-double engine (tests/doubles/tiny_lm/), and their
 helpers. The defect-by-defect proof is the mutation self-test (tests/mutation/)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from fastpath import jitter
 
 REPO = Path(__file__).resolve().parent.parent
-DOUBLE_SPEC = REPO / "tests" / "suite_doubles" / "fastpath.toml"
+DOUBLE_SPEC = REPO / "tests" / "doubles" / "tiny_lm" / "spec.toml"
 
 
 def _suite(name: str):
@@ -35,6 +35,18 @@ def _suite(name: str):
 
 kernels = _suite("kernels")
 parity = _suite("parity")
+coverage = _suite("coverage")
+
+
+def test_context_out_of_scope_fallback_drives_a_decode_past_max_context():
+    class Model:
+        def decode_step(self, batch, context, draft=0):
+            return ("decode", batch, context, draft)
+
+    cfg = {"fallback": "context_out_of_scope", "reason": "context_out_of_scope", "batch": 1, "context": 16,
+           "out_of_scope_batch": 65, "out_of_scope_context": 32769}
+    step, shape = coverage._fallback_step(Model(), cfg)
+    assert step == ("decode", 1, 32769, 0) and shape == {"batch": 1, "context": 32769}
 
 
 def test_max_error_and_nonfinite_rules():
@@ -183,7 +195,8 @@ def test_jitter_leaves_correct_code_alone():
 @pytest.fixture(scope="module")
 def double_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("double") / "run"
-    env = dict(os.environ, PYTHONPATH=str(REPO / "tests"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(REPO / "tests" / "doubles")] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
     proc = subprocess.run([sys.executable, "-m", "fastpath.cli", "verify", str(DOUBLE_SPEC), "--tier", "smoke",
                            "--only", "coverage,kernels", "--out", str(out)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)

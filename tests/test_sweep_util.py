@@ -60,7 +60,7 @@ def test_teacher_forced_decoding_of_the_standard_and_fast_paths():
     FastDecoder decodes through the same helper (within the interpreter's fp32 noise)."""
     import torch
 
-    from optimized_model.k3.fast import hooks
+    from optimized_model.k3.fast import dispatch
     from optimized_model.k3.model import K3Model
 
     m = K3Model.build("tiny", device="cpu", dtype=torch.float32, seed=0)
@@ -73,7 +73,7 @@ def test_teacher_forced_decoding_of_the_standard_and_fast_paths():
     assert y.shape == (4, 3, m.cfg.n_real_tokens) and y.dtype == torch.float32
     assert all(torch.equal(a, b) for a, b in zip(start.tensors(), before.tensors()))
     torch.testing.assert_close(S.decode_teacher_forced(m, tokens, start, split=1), y)
-    fd = hooks.build_fast_decoder(m, lambda b, c: m.new_state(b, c))
+    fd = dispatch.build_fast_decoder(m, lambda b, c: m.new_state(b, c))
     yf = S.decode_teacher_forced(fd, tokens, start)
     c = S.compare_logits(yf, y)
     assert c["top1"] == 1.0 and c["max_diff"] < 1e-3 and 0 <= c["kl"] < 1e-6

@@ -13,7 +13,7 @@ from fastpath.cli import app
 from fastpath.errors import UsageError
 from fastpath.verify import VerifyOptions, verify
 
-DOUBLES = Path(__file__).parent / "doubles"
+DOUBLES = Path(__file__).parent / "doubles" / "stub"
 SUITES = DOUBLES / "suites"
 
 

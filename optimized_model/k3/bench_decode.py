@@ -70,7 +70,9 @@ def bench(engine, paths: list[str], batches: list[int], contexts: list[int], rou
     dtype_bytes = {"bfloat16": 2, "float16": 2, "float32": 4}[info["dtype"]]
     bw = copy_bandwidth(device)
     log(f"copy bandwidth (read+write): {bw / 1e12:.3f} TB/s")
-    models = {p: engine.load(p) for p in paths}
+    from .fast import dispatch
+
+    models = {p: engine.load(p, additional_config=dispatch.switch_config()) for p in paths}
     cfg = engine.cfg
     rows = []
     for ctx in contexts:

@@ -1,7 +1,9 @@
 """EmbeddedEngine: K3-mini in process, on CPU or one GPU (DESIGN §3.3; entry point "embedded").
 
     engine = fastpath.engine.create_engine("embedded", config="tiny", device="cpu", dtype="float16")
-    model = engine.load("standard" | "fast" | "oracle")
+    model = engine.load("standard" | "oracle")
+    model = engine.load("fast", additional_config={"decode_backend": "latency_specialized"})
+    # = optimized_model.k3.fast.dispatch.switch_config(); the harness passes the spec's [switch]
 
 Options: ``config`` "tiny" | "mini"; ``device`` "cpu" | "cuda"; ``dtype`` (default bfloat16 on
 cuda, float32 on cpu); ``seed`` (weights); ``use_graphs`` (default: True on cuda); ``threads``
@@ -9,10 +11,14 @@ cuda, float32 on cpu); ``seed`` (weights); ``use_graphs`` (default: True on cuda
 
 Paths share one set of weights: "standard" and "fast" use the same K3Model (the fast path
 reads its tensors); "oracle" is the same weights upcast to fp32 with the torch recurrence and
-the expert loop. "fast" builds the fast decoder through
-``optimized_model.k3.fast.hooks.build_fast_decoder(model, state_factory)`` (imported only then);
-if it is missing, raises, or returns None, ``load("fast")`` raises ``FastPathUnavailable`` —
-the standard path is never run under the name "fast".
+the expert loop.
+
+"fast" is behind the opt-in switch, ``additional_config`` as in vLLM: only when it holds the
+fast path's own key and value (``optimized_model.k3.fast.dispatch.switch_on``) does the engine
+build the fast decoder through ``dispatch.build_fast_decoder(model, state_factory)``; any other
+config loads the standard path (its model's ``path`` is "standard": it reports no fast-path
+event). With the switch on, if the decoder is missing, raises, or is None, ``load("fast")``
+raises ``FastPathUnavailable`` — the standard path is never run under the name "fast".
 
 On CPU the engine sets ``TRITON_INTERPRET=1`` before anything from optimized_model.k3.fast is
 imported (fast Triton kernels then run in Triton's interpreter) and reports it in ``info()``.
@@ -23,6 +29,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import platform
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -68,39 +75,8 @@ class K3LoadedModel:
         return generate(self.runner, self.tokenizer, requests)
 
     def score(self, token_ids: list[list[int]], prefill_len: int | None = None) -> list[torch.Tensor]:
-        """Teacher-forced fp32 logits [len, vocab] per sequence (row i predicts token i + 1).
-
-        The first ``prefill_len`` positions (default: all) come from one batched ragged
-        prefill; every later position from a decode step fed the true token, so on the fast
-        path those rows are computed by the fast decoder — the step that parity must test."""
-        if not token_ids:
-            return []
-        lens = [len(t) for t in token_ids]
-        if min(lens) < 1:
-            raise ValueError("score: empty sequence")
-        B, T = len(lens), max(lens)
-        p = T if prefill_len is None else max(1, min(int(prefill_len), min(lens)))
-        tokens = torch.zeros(B, T, dtype=torch.long)
-        for b, t in enumerate(token_ids):
-            tokens[b, : lens[b]] = torch.as_tensor(t, dtype=torch.long)
-        if p == T:
-            self.runner._select(B, T, "prefill")
-            state = self.model.new_state(B, T)
-            logits = self.model.prefill(tokens.to(self.model.device), torch.as_tensor(lens).to(self.model.device),
-                                        state, all_logits=True)
-            return [logits[b, : lens[b]].float().cpu() for b in range(B)]
-        from .runner import _round_up
-
-        self.runner._select(B, p, "prefill")
-        state = self.runner.state(B, _round_up(T + 1, self.runner.CAP_ALIGN))
-        prefix = tokens[:, :p].to(self.model.device)
-        rows = [self.model.prefill(prefix, torch.full((B,), p).to(self.model.device), state,
-                                   all_logits=True).float().cpu()]
-        for t in range(p, T):
-            # finished (shorter) sequences are fed token 0; their rows are cut off below
-            rows.append(self.runner.decode(tokens[:, t], state).float().cpu()[:, None])
-        logits = torch.cat(rows, dim=1)
-        return [logits[b, : lens[b]] for b in range(B)]
+        """Teacher-forced fp32 logits [len, vocab] per sequence (``K3Runner.score``)."""
+        return self.runner.score(token_ids, prefill_len)
 
     def decode_step(self, batch: int, context: int, draft: int = 0):
         return self.runner.decode_step(batch, context, draft)
@@ -174,6 +150,7 @@ class EmbeddedEngine:
             "torch": torch.__version__,
             "cuda_graphs": self._graphs_on(),
             "cpu_threads": torch.get_num_threads(),
+            "switch": self._own_switch(),
         }
 
     def _graphs_on(self) -> bool:
@@ -188,7 +165,9 @@ class EmbeddedEngine:
                                               oracle=oracle)
         return self._models[key]
 
-    def load(self, path: str) -> K3LoadedModel:
+    def load(self, path: str, *, additional_config: Mapping[str, str] | None = None) -> K3LoadedModel:
+        """``path`` "standard" | "oracle" | "fast"; "fast" runs the fast path only when
+        ``additional_config`` carries its switch (else the standard path, see the module doc)."""
         from .runner import K3Runner
         from .tokenizer import K3Tokenizer
 
@@ -199,6 +178,8 @@ class EmbeddedEngine:
             model = self._model(oracle=True)
             return K3LoadedModel(path, model, K3Runner(model, use_graphs=False), tok)
         model = self._model(oracle=False)
+        if path == "fast" and not self._switch_on(additional_config):
+            path = "standard"  # switch off: what vLLM runs without it (no fast-path event)
         if path == "standard":
             return K3LoadedModel(path, model, K3Runner(model, use_graphs=self._graphs_on()), tok)
         decoder = self._build_fast(model)
@@ -210,14 +191,10 @@ class EmbeddedEngine:
         if not ok:
             raise FastPathUnavailable(f"fast path unavailable: {why}")
         try:
-            from .fast import hooks
+            from .fast import dispatch
 
-            if not hooks.switch_on({hooks.SWITCH_KEY: hooks.SWITCH_VALUE}):
-                raise FastPathUnavailable("the fast path's switch did not turn on")
-            decoder = hooks.build_fast_decoder(
+            decoder = dispatch.build_fast_decoder(
                 model, lambda batch, max_context: model.new_state(batch, max_context))
-        except FastPathUnavailable:
-            raise
         except Exception as exc:
             raise FastPathUnavailable(f"fast path unavailable: building it failed with "
                                       f"{type(exc).__name__}: {exc}") from exc
@@ -225,14 +202,32 @@ class EmbeddedEngine:
             raise FastPathUnavailable("fast path unavailable: build_fast_decoder returned None here")
         return decoder
 
+    @staticmethod
+    def _switch_on(additional_config: Mapping[str, str] | None) -> bool:
+        """True iff ``additional_config`` holds the fast path's own switch key and value."""
+        try:
+            from .fast import dispatch
+        except Exception as exc:  # the switch's key lives in the fast package
+            raise FastPathUnavailable(f"fast path not importable ({type(exc).__name__}: {exc})") from exc
+
+        return dispatch.switch_on(additional_config)
+
+    @staticmethod
+    def _own_switch() -> dict[str, str] | None:
+        try:
+            from .fast import dispatch
+        except Exception:
+            return None
+        return dispatch.own_switch()
+
     def fast_path_available(self) -> tuple[bool, str]:
         try:
             if importlib.util.find_spec("optimized_model.k3.fast.runtime") is None:
                 return False, "fast path not built yet (optimized_model/k3/fast/runtime.py is missing)"
-            from .fast import hooks
+            from .fast import dispatch
         except Exception as exc:
             return False, f"fast path not importable ({type(exc).__name__}: {exc})"
-        return hooks.fast_path_available()
+        return dispatch.fast_path_available()
 
     def components(self) -> list[Any]:
         try:

@@ -8,7 +8,7 @@ it and returns it, and the graph of that shape replays on it. Consequence: one l
 per batch shape at a time (``generate`` is sequential, so that holds).
 
 Fast path (``fast_decoder`` given, i.e. the switch is on): every step first asks the single
-dispatch point ``optimized_model.k3.fast.hooks.select_decode(batch, context, kind, decoder=...)``:
+dispatch point ``optimized_model.k3.fast.dispatch.select_decode(batch, context, kind, decoder=...)``:
 an in-scope decode returns the fast decoder, which runs it (``decoder.decode(tokens, state)``);
 a prefill / mixed / out-of-scope step gets None with the refusal already in fastpath.trace and
 runs the standard code here. The standard path itself reports nothing.
@@ -60,9 +60,9 @@ class K3Runner:
     def _select(self, batch: int, context: int, kind: str):
         if not self.fast_mode:
             return None
-        from .fast import hooks
+        from .fast import dispatch
 
-        return hooks.select_decode(batch, context, kind, decoder=self.fast)
+        return dispatch.select_decode(batch, context, kind, decoder=self.fast)
 
     # -- state pool -----------------------------------------------------------------------------
     def state(self, batch: int, capacity: int) -> DecodeState:
@@ -136,6 +136,40 @@ class K3Runner:
         g.graph.replay()
         state.max_len += 1
         return g.logits.clone()
+
+    # -- teacher-forced scoring ---------------------------------------------------------------
+    def score(self, token_ids: list[list[int]], prefill_len: int | None = None) -> list[torch.Tensor]:
+        """Teacher-forced fp32 logits [len, vocab] per sequence (row i predicts token i + 1).
+
+        The first ``prefill_len`` positions (default: all) come from one batched ragged
+        prefill; every later position from a decode step fed the true token, so on the fast
+        path those rows are computed by the fast decoder — the step that parity must test."""
+        if not token_ids:
+            return []
+        lens = [len(t) for t in token_ids]
+        if min(lens) < 1:
+            raise ValueError("score: empty sequence")
+        B, T = len(lens), max(lens)
+        p = T if prefill_len is None else max(1, min(int(prefill_len), min(lens)))
+        tokens = torch.zeros(B, T, dtype=torch.long)
+        for b, t in enumerate(token_ids):
+            tokens[b, : lens[b]] = torch.as_tensor(t, dtype=torch.long)
+        if p == T:
+            self._select(B, T, "prefill")
+            state = self.model.new_state(B, T)
+            logits = self.model.prefill(tokens.to(self.device), torch.as_tensor(lens).to(self.device), state,
+                                        all_logits=True)
+            return [logits[b, : lens[b]].float().cpu() for b in range(B)]
+        self._select(B, p, "prefill")
+        state = self.state(B, _round_up(T + 1, self.CAP_ALIGN))
+        prefix = tokens[:, :p].to(self.device)
+        rows = [self.model.prefill(prefix, torch.full((B,), p).to(self.device), state,
+                                   all_logits=True).float().cpu()]
+        for t in range(p, T):
+            # finished (shorter) sequences are fed token 0; their rows are cut off below
+            rows.append(self.decode(tokens[:, t], state).float().cpu()[:, None])
+        logits = torch.cat(rows, dim=1)
+        return [logits[b, : lens[b]] for b in range(B)]
 
     # -- CUDA graphs -------------------------------------------------------------------------------
     def _capture(self, state: DecodeState, lengths_base: torch.Tensor | None = None,

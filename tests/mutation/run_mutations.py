@@ -16,7 +16,7 @@ for the suites' test double)::
     old = '''exact text, must occur exactly once'''
     new = '''the defect'''
 
-For each mutant the runner copies the package (``optimized_model`` or ``tests/suite_doubles``)
+For each mutant the runner copies the package (``optimized_model`` or ``tests/doubles/tiny_lm``)
 into a temporary directory, applies the edits to the COPY, and runs
 ``python -m fastpath.cli verify SPEC --tier smoke [--only SUITES]`` in a subprocess whose working
 directory and PYTHONPATH put the copy first (the real files are never modified). Failing gates
@@ -65,11 +65,11 @@ SETS = {
         "probe": "optimized_model",
     },
     "double": {
-        "package": REPO / "tests" / "suite_doubles",
-        "spec": "suite_doubles/fastpath.toml",
+        "package": REPO / "tests" / "doubles" / "tiny_lm",
+        "spec": "tiny_lm/spec.toml",
         "patches": HERE / "double_patches",
-        "allowed": "suite_doubles/",
-        "probe": "suite_doubles",
+        "allowed": "tiny_lm/",
+        "probe": "tiny_lm",
     },
 }
 

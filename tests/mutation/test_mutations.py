@@ -27,7 +27,7 @@ def _gates(spec: Path) -> set[str]:
     return {k for k, v in data["gates"].items() if isinstance(v, dict)}
 
 
-SET_SPECS = {"real": REPO / "optimized_model/k3/fastpath.toml", "double": REPO / "tests/suite_doubles/fastpath.toml"}
+SET_SPECS = {"real": REPO / "optimized_model/k3/fastpath.toml", "double": REPO / "tests/doubles/tiny_lm/spec.toml"}
 
 
 @pytest.mark.parametrize("set_name", ["double", "real"])

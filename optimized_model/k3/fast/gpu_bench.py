@@ -292,7 +292,7 @@ def cute_vs_triton() -> list[dict]:
 
 def bench_decode(batches, contexts, rounds, replays, budget_s, bw, rows=None, on_row=None) -> list[dict]:
     from optimized_model.k3 import config as C
-    from optimized_model.k3.fast import hooks
+    from optimized_model.k3.fast import dispatch
     from optimized_model.k3.model import K3Model
     from optimized_model.k3.runner import K3Runner
     from fastpath import trace
@@ -307,7 +307,7 @@ def bench_decode(batches, contexts, rounds, replays, budget_s, bw, rows=None, on
         std_note = "torch (fla-core missing: carry it for a fair baseline)"
     log(f"standard path: kda backend {std_note}, moe backend {model.moe_backend}")
     runner = K3Runner(model, use_graphs=True)
-    fd = hooks.build_fast_decoder(model, lambda b, cap: model.new_state(b, cap))
+    fd = dispatch.build_fast_decoder(model, lambda b, cap: model.new_state(b, cap))
     cfg = model.cfg
     rows = [] if rows is None else rows
     for ctx in contexts:

@@ -5,7 +5,7 @@ path ran (``fast_kernel_patterns``) and those of the standard path's kernels tha
 appear when it did (``fallback_kernel_patterns``). ``kernels()``: every ``kernel_entry()`` of
 ``optimized_model/k3/fast/kernels/*.py``.
 
-Light on imports: hooks.py imports COMPONENT_NAMES from here on every model load.
+Light on imports: dispatch.py imports COMPONENT_NAMES from here on every model load.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ Math per position (x = token id)::
     logits = Wlm rmsnorm(f)                            ("lm_head")
 
 standard: fp16 weights and activations (plain torch); oracle: fp32; fast: fp16 through
-``fastk`` (chunked fp32 accumulation, its own sampler). Fast-path dispatch follows the
-contract: decode steps with batch <= fastk.MAX_BATCH engage every component (the emulated
+``fast_path`` (chunked fp32 accumulation, its own sampler). Fast-path dispatch follows the
+contract: decode steps with batch <= fast_path.MAX_BATCH engage every component (the emulated
 "decode_graph" is captured once per batch size and replayed); prefill / mixed / larger
 batches refuse every component with the reason.
 """
@@ -24,7 +24,7 @@ import torch
 
 from fastpath import trace
 
-from . import fastk
+from . import fast_path
 
 V_REAL = 258  # 256 bytes + bos + eos
 VOCAB = 264
@@ -103,20 +103,20 @@ class DoubleModel:
         w = self.w
         B = tok.shape[0]
         e = w["emb"][tok]
-        s = fastk.recurrence(s, e, w["decay"], context)
+        s = fast_path.recurrence(s, e, w["decay"], context)
         trace.engaged("recurrence", "fp32_state", batch=B)
         x = e + (0.2 * s).to(self.dtype)
-        h = fastk.rmsnorm(x, w["g1"])
+        h = fast_path.rmsnorm(x, w["g1"])
         trace.engaged("norm", "fused", batch=B)
-        f = fastk.gemv(torch.nn.functional.gelu(fastk.gemv(h, w["w1"])), w["w2"]) + h
+        f = fast_path.gemv(torch.nn.functional.gelu(fast_path.gemv(h, w["w1"])), w["w2"]) + h
         trace.engaged("gemv", "smallm" if B <= 2 else "splitk", batch=B)
-        z = fastk.rmsnorm(f, w["g2"])
-        logits = fastk.gemv(z, w["wlm"]).float()
+        z = fast_path.rmsnorm(f, w["g2"])
+        logits = fast_path.gemv(z, w["wlm"]).float()
         trace.engaged("lm_head", "gemv", batch=B)
         return logits, s
 
     def _in_scope(self, batch: int) -> bool:
-        return self.path == "fast" and 1 <= batch <= fastk.MAX_BATCH
+        return self.path == "fast" and 1 <= batch <= fast_path.MAX_BATCH
 
     def _refuse(self, reason: str, **shape) -> None:
         if self.path == "fast":
@@ -196,7 +196,7 @@ class DoubleModel:
         temps = [r.temperature for r in reqs]
         if fast:
             trace.engaged("sampler", "vectorised", batch=B)
-            return fastk.sample(logits, temps, [r.top_k for r in reqs], [r.top_p for r in reqs], noise, allowed,
+            return fast_path.sample(logits, temps, [r.top_k for r in reqs], [r.top_p for r in reqs], noise, allowed,
                                 V_REAL).tolist()
         return _std_sample(logits, reqs, noise, allowed)
 
@@ -376,7 +376,7 @@ def _norm_inputs(shape, value_class, dtype, device, seed):
 def kernel_registry() -> list[Kernel]:
     return [
         Kernel("double_gemv", "gemv",
-               fast=lambda x, w: fastk.gemv(x, w),
+               fast=lambda x, w: fast_path.gemv(x, w),
                standard=lambda x, w: x @ w.T,
                oracle=lambda x, w: x.float() @ w.float().T,
                make_inputs=_gemv_inputs,
@@ -385,7 +385,7 @@ def kernel_registry() -> list[Kernel]:
                value_classes=["normal", "large", "near_zero", "ties"], dtypes=["float16", "float32"],
                atol_floor={"float32": 1e-5, "float16": 1e-3}, kernel_patterns=[r"^double_gemv"]),
         Kernel("double_rmsnorm", "norm",
-               fast=lambda x, g: fastk.rmsnorm(x, g),
+               fast=lambda x, g: fast_path.rmsnorm(x, g),
                standard=lambda x, g: torch.nn.functional.rms_norm(x, (x.shape[-1],), g, 1e-6),
                oracle=lambda x, g: torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), g.float(), 1e-6),
                make_inputs=_norm_inputs,
@@ -395,7 +395,16 @@ def kernel_registry() -> list[Kernel]:
     ]
 
 
-class DoubleEngine:
+# The opt-in switch this double's fast path answers to (its spec's [switch]).
+SWITCH = {"key": "decode_backend", "value": "latency_specialized"}
+
+
+def switch_on(additional_config: Any) -> bool:
+    """As a real engine decides: its own key with its own value, nothing else."""
+    return bool(additional_config) and additional_config.get(SWITCH["key"]) == SWITCH["value"]
+
+
+class TinyLMEngine:
     name = "double"
 
     def __init__(self, config: str = "tiny", device: str = "cpu", dtype: str = "float16", **_: Any):
@@ -405,11 +414,13 @@ class DoubleEngine:
 
     def info(self) -> dict:
         return {"device": "cpu", "arch": "cpu", "device_name": "cpu", "model_config": "double",
-                "dtype": self.dtype, "triton_interpreter": False}
+                "dtype": self.dtype, "triton_interpreter": False, "switch": dict(SWITCH)}
 
-    def load(self, path: str) -> DoubleModel:
+    def load(self, path: str, *, additional_config: Any = None) -> DoubleModel:
         if path not in ("standard", "fast", "oracle"):
             raise ValueError(path)
+        if path == "fast" and not switch_on(additional_config):
+            path = "standard"  # switch off: the standard path, which reports nothing
         return DoubleModel(path, _DT[self.dtype])
 
     def components(self) -> list[Comp]:

@@ -2,13 +2,13 @@
 
 How the model code (optimized_model/k3) uses this module::
 
-    from optimized_model.k3.fast import hooks
+    from optimized_model.k3.fast import dispatch
 
-    if hooks.switch_on(additional_config):              # {"decode_backend": "latency_specialized"}
-        self.fast = hooks.build_fast_decoder(model, state_factory)   # None -> unavailable
+    if dispatch.switch_on(additional_config):           # {"decode_backend": "latency_specialized"}
+        self.fast = dispatch.build_fast_decoder(model, state_factory)   # None -> unavailable
     ...
     # every step, before running it:
-    fast = hooks.select_decode(batch, context, kind, decoder=self.fast)
+    fast = dispatch.select_decode(batch, context, kind, decoder=self.fast)
     if fast is None:
         ... standard path (every component was reported as refused with the reason) ...
     else:
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
@@ -42,6 +43,16 @@ SPEC_PATH = Path(__file__).resolve().parent.parent / "fastpath.toml"
 KIND_REASONS = {"prefill": "prefill", "mixed": "mixed_batch", "mixed_batch": "mixed_batch"}
 
 
+def own_switch() -> dict[str, str]:
+    """The switch this fast path answers to, shaped like the spec's ``[switch]`` table."""
+    return {"key": SWITCH_KEY, "value": SWITCH_VALUE}
+
+
+def switch_config() -> dict[str, str]:
+    """The ``additional_config`` that turns this fast path on (``engine.load("fast", ...)``)."""
+    return {SWITCH_KEY: SWITCH_VALUE}
+
+
 def switch_on(config: Any) -> bool:
     """True iff the opt-in switch is set: ``config`` is a mapping (vLLM's additional_config)
     or an object with a ``decode_backend`` attribute, or the switch value itself."""
@@ -49,7 +60,7 @@ def switch_on(config: Any) -> bool:
         return False
     if isinstance(config, str):
         return config == SWITCH_VALUE
-    if isinstance(config, dict):
+    if isinstance(config, Mapping):
         return config.get(SWITCH_KEY) == SWITCH_VALUE
     return getattr(config, SWITCH_KEY, None) == SWITCH_VALUE
 

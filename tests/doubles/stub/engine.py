@@ -1,4 +1,8 @@
-"""A test-double engine: just enough of the Engine protocol for the double suites.
+"""A scripted test-double engine: just enough of the Engine protocol for the stub suites.
+
+The fast path is on only when ``load("fast", additional_config=...)`` carries the stub's own
+switch (``SWITCH``, its spec's [switch]); otherwise "fast" is the standard path, which reports
+nothing.
 
 ``mode`` (an engine option, set in the tier) plants behaviours the harness must handle:
   "good"             the fast path fires for in-scope decode and falls back elsewhere;
@@ -18,6 +22,7 @@ from typing import Any, Callable
 from fastpath import trace
 
 IN_SCOPE_BATCHES = (1, 2, 4)
+SWITCH = {"key": "decode_backend", "value": "double"}
 
 
 @dataclass
@@ -67,7 +72,7 @@ class DoubleModel:
         pass
 
 
-class DoubleEngine:
+class StubEngine:
     name = "double"
 
     def __init__(self, mode: str = "good", **options: Any) -> None:
@@ -76,10 +81,13 @@ class DoubleEngine:
 
     def info(self) -> dict[str, Any]:
         return {"device": "cpu", "arch": "cpu", "device_name": "double", "model_config": "none",
-                "dtype": self.options.get("dtype", "float32"), "triton_interpreter": False}
+                "dtype": self.options.get("dtype", "float32"), "triton_interpreter": False,
+                "switch": dict(SWITCH)}
 
-    def load(self, path: str) -> DoubleModel:
+    def load(self, path: str, *, additional_config: Any = None) -> DoubleModel:
         self.loads.append(path)
+        if path == "fast" and (additional_config or {}).get(SWITCH["key"]) != SWITCH["value"]:
+            path = "standard"  # switch off: the standard path, which reports nothing
         return DoubleModel(path, self.mode)
 
     def kernels(self) -> list[DoubleKernel]:
