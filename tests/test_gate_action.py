@@ -343,3 +343,26 @@ def test_a_broken_or_misnamed_committed_bundle_fails(tmp_path):
     assert "bundles: ok bundles/ok.smoke.fastpath.tar.gz" in log
     rc, log, _ = run_committed(tmp_path / "x", ["k3.fastpath.tar.gz"], _fake_checker(tmp_path, "exit 0"))
     assert rc == 1 and "NAME.smoke.fastpath.tar.gz" in log
+
+
+# --- the committed reference bundles, through the action ----------------------------------------
+
+COMMITTED_BUNDLES = sorted((ROOT / "bundles").glob("*.fastpath.tar.gz"))
+
+
+@pytest.mark.parametrize("bundle", COMMITTED_BUNDLES, ids=lambda p: p.name)
+def test_action_on_a_committed_bundle_and_a_tampered_copy(bundle, fastpath_bin, tmp_path):
+    """--freshness warn: a committed bundle whose tree moved on is only stale; its integrity holds."""
+    import tarfile
+
+    tier = bundle.name.removesuffix(".fastpath.tar.gz").rsplit(".", 1)[1]
+    kw = dict(trust=ROOT / "bundles/trusted_keys.toml", source=ROOT, tier=tier, freshness="warn")
+    rc, outputs, summary, log = run_check_step(tmp_path, fastpath_bin, str(bundle), **kw)
+    assert rc == 0 and outputs["verdict"] == "pass", log
+    with tarfile.open(bundle) as tar:  # our own committed archive: trusted input
+        tar.extractall(tmp_path / "x", filter="data")
+    (copy,) = (tmp_path / "x").glob("*.fastpath")
+    (copy / "summary.json").write_text((copy / "summary.json").read_text().replace('"pass"', '"fail"', 1))
+    rc, outputs, summary, log = run_check_step(tmp_path, fastpath_bin, str(pack(copy)), **kw)
+    assert rc == 1 and outputs["verdict"] == "fail", log
+    assert "summary.json" in summary and "content changed" in summary
