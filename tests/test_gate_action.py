@@ -278,6 +278,35 @@ def test_gate_without_a_spec_list_in_the_base_is_a_usage_error(trees, fastpath_b
     assert "gated_specs" in log and "fix:" in log
 
 
+def test_gate_workflow_step_runs_the_base_script_on_the_two_checkouts(trees, fastpath_bin, tmp_path):
+    """The workflow's gate step, run with bash as written, in a workspace holding base/ and pr/."""
+    base, pr = trees
+    ws = tmp_path / "workspace"
+    ws.mkdir()
+    shutil.move(base, ws / "base")
+    shutil.move(pr, ws / "pr")
+    (ws / "base/.github/scripts").mkdir(parents=True)
+    shutil.copy(GATE, ws / "base/.github/scripts" / GATE.name)
+    venv = tmp_path / "runner-temp/fastpath-base/bin"  # what the install step leaves
+    venv.mkdir(parents=True)
+    (venv / "python").symlink_to(sys.executable)
+    (venv / "fastpath").symlink_to(fastpath_bin)
+    wf = yaml.safe_load((ROOT / ".github/workflows/fastpath-gate.yml").read_text())
+    step = next(s for s in wf["jobs"]["gate"]["steps"] if s.get("name", "").startswith("Gate"))
+    summary = tmp_path / "summary.md"
+    env = {**os.environ, **step.get("env", {}), "RUNNER_TEMP": str(tmp_path / "runner-temp"),
+           "GITHUB_STEP_SUMMARY": str(summary)}
+    proc = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=ws, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "✅ pass" in _row(summary.read_text())
+    (ws / "pr/subject/fast/hooks.py").write_text("def fire():\n    return 'faster'\n")
+    summary.write_text("")
+    proc = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=ws, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 1 and "❌ fail" in _row(summary.read_text())
+
+
 def test_fastpath_digest_json_has_the_gate_contract_shape(built):
     """The real `fastpath digest --json`, once it exists, prints what the gate reads."""
     from fastpath import cli
