@@ -69,6 +69,7 @@ def actionlint():
         assert proc.returncode in (0, 1), f"actionlint crashed: {proc.stderr.strip()[-2000:]}"
         return json.loads(proc.stdout)
 
+    lint.package = Path(pkg)
     return lint
 
 
@@ -80,6 +81,11 @@ def test_every_workflow_passes_actionlint(actionlint):
     assert {p.name for p in WORKFLOWS} >= {"ci.yml", "fastpath-gate.yml"}
     errors = actionlint(WORKFLOWS)
     assert errors == [], _fmt(errors)
+
+
+def test_the_pinned_package_bundles_the_recorded_actionlint_version(actionlint):
+    recorded = re.search(r"bundles actionlint (v[\d.]+)", INSTALLER.read_text()).group(1)
+    assert f"rhysd/actionlint@{recorded}".encode() in (actionlint.package / "main.wasm").read_bytes()
 
 
 def test_actionlint_reports_script_injection(actionlint, tmp_path):
