@@ -76,7 +76,7 @@ def _project(root):
     (root / "suites").mkdir()
     (root / "suites" / "test_x.py").write_text("def test_x(): pass\n")
     (root / "model.py").write_text("M = 1\n")
-    (root / "fastpath.toml").write_text((Path(__file__).parent / "doubles" / "spec.toml").read_text()
+    (root / "fastpath.toml").write_text((Path(__file__).parent / "doubles" / "stub" / "spec.toml").read_text()
                                         .replace('globs = ["src/**/*.py"]', 'globs = ["fast/**/*.py"]'))
     return root
 
