@@ -13,16 +13,30 @@ from .kernels import norm as NORM
 from .packed import PackedLayer, columns
 
 
+def _in_projection(s: Any, i: int, p: PackedLayer, x, prefetch_site: str):
+    """The attention in-projection (RMSNorm prologue) into the ``proj`` buffer, then the L2
+    prefetch of o_proj (plan) beside what follows; (its output, the config that ran)."""
+    w = p.attn
+    proj = s.bufs.proj[:, : w.w_in.shape[0]]
+    c = s.gemv(f"L{i}.in", x, w.w_in, proj, norm_weight=p.attn_norm)
+    s.l2.prefetch(prefetch_site, i, x.shape[0], w.o_proj)
+    return proj, c
+
+
+def _out_projection(s: Any, i: int, p: PackedLayer, o, x, x_out, c_in, op: str) -> None:
+    """x_out = x + o_proj(o) (residual epilogue); the trace of the layer's attention gemvs."""
+    s.gemv(f"L{i}.o", o, p.attn.o_proj, x_out, epilogue="residual", residual=x)
+    B = x.shape[0]
+    trace.engaged("dense_gemv", G.variant_name(B, c_in), layer=i, op=op, batch=B, N=p.attn.w_in.shape[0], K=s.cfg.hidden)
+    trace.engaged("norm_residual", "fused_gemv_prologue_epilogue", layer=i, batch=B)
+
+
 def kda(s: Any, i: int, p: PackedLayer, state: Any, x, x_out) -> None:
     """x → x_out = x + KDA(x). ``s``: the running DecodeStep."""
     from .kernels.kda_decode import kda_decode
 
     cfg, plan, bufs, w = s.cfg, s.plan.kda, s.bufs, p.attn
-    B = x.shape[0]
-    n_in = w.w_in.shape[0]
-    proj = bufs.proj[:, :n_in]
-    c = s.gemv(f"L{i}.in", x, w.w_in, proj, norm_weight=p.attn_norm)
-    s.l2.prefetch("kda_o", i, B, w.o_proj)
+    proj, c_in = _in_projection(s, i, p, x, "kda_o")
     col = lambda k: columns(proj, w, k)  # noqa: E731
     d = cfg.kda_dim
     if plan.fused_gates:  # KDA decode forms f and the output gate from f_a(x), g_a(x) itself
@@ -41,9 +55,7 @@ def kda(s: Any, i: int, p: PackedLayer, state: Any, x, x_out) -> None:
                eps_l2=1e-6, eps_norm=cfg.norm_eps, lower_bound=cfg.kda_lower_bound, out=o,
                block_v=plan.block_v, num_warps=plan.num_warps,
                low_rank=low_rank, early_weights=plan.early_weights)
-    s.gemv(f"L{i}.o", o, w.o_proj, x_out, epilogue="residual", residual=x)
-    trace.engaged("dense_gemv", G.variant_name(B, c), layer=i, op="kda_in", batch=B, N=n_in, K=cfg.hidden)
-    trace.engaged("norm_residual", "fused_gemv_prologue_epilogue", layer=i, batch=B)
+    _out_projection(s, i, p, o, x, x_out, c_in, "kda_in")
 
 
 def mla(s: Any, i: int, p: PackedLayer, state: Any, x, x_out) -> None:
@@ -51,12 +63,8 @@ def mla(s: Any, i: int, p: PackedLayer, state: Any, x, x_out) -> None:
     from .kernels.mla_decode import mla_decode
 
     cfg, plan, bufs, w = s.cfg, s.plan.mla, s.bufs, p.attn
-    B = x.shape[0]
     H, C, nope, v = cfg.mla_heads, cfg.kv_lora, cfg.qk_nope, cfg.v_head
-    n_in = w.w_in.shape[0]
-    proj = bufs.proj[:, :n_in]
-    c = s.gemv(f"L{i}.in", x, w.w_in, proj, norm_weight=p.attn_norm)
-    s.l2.prefetch("mla_o", i, B, w.o_proj)
+    proj, c_in = _in_projection(s, i, p, x, "mla_o")
     col = lambda k: columns(proj, w, k)  # noqa: E731
     q = bufs.q
     s.gemv(f"L{i}.q_b", col("q_a"), w.q_b, q, norm_weight=w.q_a_norm)
@@ -77,6 +85,4 @@ def mla(s: Any, i: int, p: PackedLayer, state: Any, x, x_out) -> None:
     w_uv = w.kv_b[nope: nope + v]  # head 0's W_uv rows; head h at + h * (nope + v) * C
     G.gemv(o_lat[:, 0], w_uv, out=o[:, :v], epilogue="sigmoid_gate", gate=col("gate")[:, :v],
            config=s.plan.gemv[f"L{i}.uv"], groups=(H, C, (nope + v) * C, v, v))
-    s.gemv(f"L{i}.o", o, w.o_proj, x_out, epilogue="residual", residual=x)
-    trace.engaged("dense_gemv", G.variant_name(B, c), layer=i, op="mla_in", batch=B, N=n_in, K=cfg.hidden)
-    trace.engaged("norm_residual", "fused_gemv_prologue_epilogue", layer=i, batch=B)
+    _out_projection(s, i, p, o, x, x_out, c_in, "mla_in")
