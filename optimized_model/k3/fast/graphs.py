@@ -25,10 +25,10 @@ class GraphCache:
         self._graphs: dict[Any, tuple] = {}
         self._mempool = None
 
-    def capture(self, step: Callable[[Any], Any], state: Any, lengths_base: torch.Tensor | None,
+    def capture(self, step: Any, state: Any, lengths_base: torch.Tensor | None,
                 extra: Callable[[], None] | None = None) -> tuple:
-        """Warm up (compile) on a clone of the state, then capture the whole step (and
-        ``extra`` after it) on the main stream; (trace key, graph)."""
+        """Warm up (compile) on a clone of the state, then capture the whole step (a
+        ``step.DecodeStep``; and ``extra`` after it) on the main stream; (trace key, graph)."""
         B = step.plan.batch
         scratch = state.clone()
         main = self.main

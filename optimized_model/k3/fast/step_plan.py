@@ -167,7 +167,7 @@ def _gemv_sites(cfg: Any, layers: list[PackedLayer], head, kda: KdaPlan | None,
     return sites
 
 
-def build_plan(cfg: Any, layers: list[PackedLayer], head, B: int, device, on_cuda: bool) -> StepPlan:
+def build_plan(cfg: Any, layers: list[PackedLayer], head: Any, B: int, device, on_cuda: bool) -> StepPlan:
     """The plan of a step of ``B`` sequences over ``layers`` (and the head weight ``head``)."""
     kernels = tuning.table_for(device)["kernels"]
     kinds = {p.kind for p in layers}
