@@ -57,7 +57,7 @@ def main() -> None:
                 # must be bit-identical; tile variants differ by rounding)
                 steps[name]()
                 torch.cuda.synchronize()
-                first[name] = fd._buffers(B)["logits"].clone()
+                first[name] = fd.buffers(B).logits.clone()
                 time_graph(steps[name], 3)
             except Exception as exc:  # one broken variant must not lose the others
                 log(f"B={B} {name}: error {type(exc).__name__}: {exc}")

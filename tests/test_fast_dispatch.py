@@ -230,33 +230,48 @@ def test_pdl_scope_sets_the_constexpr_and_the_launch_option_and_restores_them():
     assert not pdl.enabled()  # restored after an error too
 
 
-def test_moe_schedule_per_batch_and_a_bad_value_is_named(monkeypatch):
+@pytest.fixture(scope="module")
+def tiny_decoder():
+    from optimized_model.k3.model import K3Model
+
+    m = K3Model.build("tiny", device="cpu", dtype=torch.float32, seed=0)
+    return hooks.build_fast_decoder(m, lambda b, cap: m.new_state(b, cap))
+
+
+def _h200_plan(monkeypatch, fd, batch, device="meta"):
+    """The step plan the H200 table gives ``batch`` (a meta device: no GPU needed)."""
+    from optimized_model.k3.fast.step_plan import build_plan
+
+    monkeypatch.setattr(tuning, "device_name", lambda device=None: "NVIDIA H200")
+    return build_plan(fd.cfg, fd.layers, fd.head.lm_head, batch, torch.device(device), on_cuda=False)
+
+
+def test_moe_schedule_per_batch(monkeypatch, tiny_decoder):
     """Batch 1 takes the fused MoE input schedule on the H200, larger batches the separate one;
-    a table without the entry means separate; a bad value is named."""
-    from optimized_model.k3.fast.runtime import FastDecoder
-
-    monkeypatch.setattr(tuning, "device_name", lambda device=None: "NVIDIA H200")
-    gpu = type("Decoder", (), {"device": torch.device("meta")})()  # reads only .device
-    assert FastDecoder._moe_schedule(gpu, 1)["shared_in"] == "fused"
-    assert FastDecoder._moe_schedule(gpu, 2)["shared_in"] == "separate"
-    kernels = tuning.tables()["NVIDIA H200"]["kernels"]
-    monkeypatch.setitem(kernels["moe_schedule"]["buckets"][0], "shared_in", "both")
-    with pytest.raises(ValueError, match="moe_schedule.shared_in 'both'"):
-        FastDecoder._moe_schedule(gpu, 1)
-    monkeypatch.delitem(kernels, "moe_schedule")
-    assert FastDecoder._moe_schedule(gpu, 1) == {}
+    a table without the entry means separate, the latent down on the main stream (a bad value
+    fails when the table is loaded: test_fast_tuning.py)."""
+    assert _h200_plan(monkeypatch, tiny_decoder, 1).moe.shared_in_fused
+    assert not _h200_plan(monkeypatch, tiny_decoder, 2).moe.shared_in_fused
+    monkeypatch.delitem(tuning.tables()["NVIDIA H200"]["kernels"], "moe_schedule")
+    moe = _h200_plan(monkeypatch, tiny_decoder, 1).moe
+    assert not moe.shared_in_fused and not moe.latent_down_beside_router
 
 
-def test_step_dependent_launch_mode_comes_from_the_table_and_a_bad_value_is_named(monkeypatch):
-    from optimized_model.k3.fast.runtime import FastDecoder
+def test_step_dependent_launch_mode_comes_from_the_table(monkeypatch, tiny_decoder):
+    assert _h200_plan(monkeypatch, tiny_decoder, 1).pdl == "outside_moe"
+    assert _h200_plan(monkeypatch, tiny_decoder, 64).pdl == "off"
+    assert not _h200_plan(monkeypatch, tiny_decoder, 1).pdl_in_moe
+    # never on the CPU, whatever the table says
+    assert _h200_plan(monkeypatch, tiny_decoder, 1, device="cpu").pdl == "off"
 
-    monkeypatch.setattr(tuning, "device_name", lambda device=None: "NVIDIA H200")
-    gpu = type("Decoder", (), {"device": torch.device("meta")})()  # _use_pdl reads only .device
-    assert FastDecoder._use_pdl(gpu, 1) == "outside_moe"
-    assert FastDecoder._use_pdl(gpu, 64) == "off"
-    bucket = tuning.tables()["NVIDIA H200"]["kernels"]["launch"]["buckets"][0]
-    monkeypatch.setitem(bucket, "pdl", "sometimes")
-    with pytest.raises(ValueError, match="launch.pdl 'sometimes'"):
-        FastDecoder._use_pdl(gpu, 1)
-    cpu = type("Decoder", (), {"device": torch.device("cpu")})()
-    assert FastDecoder._use_pdl(cpu, 1) == "off"  # never on the CPU, whatever the table says
+
+def test_every_gemv_call_site_gets_its_config_in_the_plan(monkeypatch, tiny_decoder):
+    """The plan holds the table's config per call site, looked up for that site's shape."""
+    plan = _h200_plan(monkeypatch, tiny_decoder, 1)
+    cfg = tiny_decoder.cfg
+    head = tiny_decoder.head.lm_head
+    assert dict(plan.gemv["lm_head"]) == tuning.lookup("gemv", 1, device="cuda", N=head.shape[0], K=cfg.hidden)
+    for i, p in enumerate(tiny_decoder.layers):
+        assert f"L{i}.in" in plan.gemv and f"L{i}.o" in plan.gemv
+        ffn = ("L{}.moe_in", "L{}.up") if p.ffn_kind == "moe" else ("L{}.w13", "L{}.w2")
+        assert all(site.format(i) in plan.gemv for site in ffn), (i, sorted(plan.gemv))

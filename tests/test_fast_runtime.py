@@ -117,51 +117,54 @@ def test_a_cute_table_entry_off_its_scope_runs_triton_and_says_why(fp32_model, m
     assert any("swiglu" in r for r in reasons), reasons  # a fusion the CuTe kernel lacks
 
 
-@pytest.mark.parametrize("kernel,field,value,message", [
-    ("kda_decode", "low_rank_gates", "both", "kda_decode.low_rank_gates 'both'"),
-    ("moe_experts", "slot_sum", "nowhere", "moe_experts.slot_sum 'nowhere'"),
-])
-def test_a_bad_batch1_table_value_is_named(fp32_model, monkeypatch, kernel, field, value, message):
+def _h200_plan(monkeypatch, fd, batch, on_cuda=False):
+    """The step plan the H200 table gives ``batch`` (meta device: no GPU needed)."""
     from optimized_model.k3.fast import tuning
-
-    bucket = tuning.tables()[tuning.CPU_DEVICE]["kernels"][kernel]["buckets"][0]
-    monkeypatch.setitem(bucket, field, value)
-    fd = _decoder(fp32_model)
-    with pytest.raises(ValueError, match=message):
-        fd.decode(torch.tensor([3]), fp32_model.random_state(1, 4, 64, seed=0))
-
-
-def test_slot_sum_in_the_down_kernel_is_refused_beyond_its_batch(monkeypatch):
-    from optimized_model.k3.fast import tuning
-    from optimized_model.k3.fast.runtime import FastDecoder
+    from optimized_model.k3.fast.step_plan import build_plan
 
     monkeypatch.setattr(tuning, "device_name", lambda device=None: "NVIDIA H200")
-    gpu = type("Decoder", (), {"device": torch.device("meta")})()  # reads only .device
-    assert [FastDecoder._slot_sum_in_down(gpu, b) for b in (1, 2, 4, 8)] == [False, True, True, False]
-    bucket = tuning.tables()["NVIDIA H200"]["kernels"]["moe_experts"]["buckets"][-1]
-    monkeypatch.setitem(bucket, "slot_sum", "down")
-    with pytest.raises(ValueError, match="at most 4 tokens"):
-        FastDecoder._slot_sum_in_down(gpu, 64)
+    return build_plan(fd.cfg, fd.layers, fd.head.lm_head, batch, torch.device("meta"), on_cuda)
+
+
+def test_slot_sum_in_the_down_kernel_by_batch_in_the_h200_plan(fp32_model, monkeypatch):
+    """Batches 2-4 sum the routed slots in the experts' down kernel (its limit: 4 tokens; a
+    table asking beyond fails at load, test_fast_tuning.py), batch 1 and 8 in the latent up."""
+    fd = _decoder(fp32_model)
+    assert [_h200_plan(monkeypatch, fd, b).moe.slot_sum_in_down for b in (1, 2, 4, 8)] == [False, True, True, False]
+
+
+def test_the_plan_follows_a_swapped_table_and_only_then(fp32_model, monkeypatch):
+    """A decoder resolves a batch's plan once; a sweep that swaps the table's kernels for a
+    patched copy (sweep_util.apply_patch) gets a new plan at the next step, on the same buffers."""
+    import copy
+
+    from optimized_model.k3.fast import tuning
+
+    fd = _decoder(fp32_model)
+    first = fd.step_for(1)
+    assert fd.step_for(1) is first and first.plan.moe.shared_in_fused
+    table = tuning.table_for("cpu")
+    patched = copy.deepcopy(table["kernels"])
+    patched["moe_schedule"]["buckets"][0]["shared_in"] = "separate"
+    monkeypatch.setitem(table, "kernels", patched)
+    again = fd.step_for(1)
+    assert again is not first and not again.plan.moe.shared_in_fused
+    assert again.bufs is first.bufs
 
 
 def test_l2_prefetch_plan_comes_from_the_table_and_never_runs_on_cpu(fp32_model, monkeypatch):
-    """The H200 table adopts no prefetch site; an unknown field is named; the CPU build plans
-    none and the kernel refuses a CPU tensor."""
-    from optimized_model.k3.fast import tuning
+    """The H200 table adopts no prefetch site; the CPU build plans none and the kernel refuses
+    a CPU tensor."""
     from optimized_model.k3.fast.kernels import l2_prefetch as L2
-    from optimized_model.k3.fast.runtime import L2_SITES, FastDecoder
+    from optimized_model.k3.fast.runtime import L2_SITES
 
-    monkeypatch.setattr(tuning, "device_name", lambda device=None: "NVIDIA H200")
-    gpu = type("Decoder", (), {"device": torch.device("meta"), "on_cuda": True})()
+    fd = _decoder(fp32_model)
     for b in (1, 8, 64):
-        plan = FastDecoder._l2_prefetch_plan(gpu, b)
-        assert not any(float(plan.get(site, 0)) > 0 for site in L2_SITES), plan
-    bucket = tuning.tables()["NVIDIA H200"]["kernels"]["l2_prefetch"]["buckets"][0]
-    monkeypatch.setitem(bucket, "kda_out", 1.0)
-    with pytest.raises(ValueError, match="unknown fields \\['kda_out'\\]"):
-        FastDecoder._l2_prefetch_plan(gpu, 1)
+        plan = _h200_plan(monkeypatch, fd, b, on_cuda=True).l2
+        assert (plan.chunk, plan.per_program) == (16384, 32)
+        assert not any(plan.fraction(site) > 0 for site in L2_SITES), plan
     monkeypatch.undo()
-    assert _decoder(fp32_model)._l2_prefetch_plan(1) == {}
+    assert dict(fd.step_for(1).plan.l2.fractions) == {}
     w = torch.zeros(10, 8)
     assert L2.prefetch_bytes(w, 0.5) == 160 and L2.prefetch_bytes(w, 1.0) == 320
     with pytest.raises(ValueError, match="fraction"):

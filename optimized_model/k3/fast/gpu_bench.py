@@ -459,7 +459,7 @@ def record_launches(config: str, batches: list[int], context: int = 1024) -> lis
         fd = FastDecoder(model, None)
         for B in batches:
             st = new_state(model.cfg, B, context + 64, device="meta", dtype=torch.bfloat16)
-            fd._step(fd._buffers(B), st)
+            fd.step_for(B)(st)
     finally:
         JITFunction.run = real_run
         tuning.device_name = orig_dev

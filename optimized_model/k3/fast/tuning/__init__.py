@@ -1,5 +1,9 @@
 """Per-device tuning tables of the fast kernels, as data (fast/tuning/*.json).
 
+Every table is checked when it is loaded (``schema.check_table``: known kernels and fields,
+allowed values, buckets in order): a bad value fails here, naming file, key and what is
+allowed, never in the middle of a decode step.
+
 A table file holds ``{"device": NAME, "kernels": {KERNEL: {"buckets": [ENTRY, ...]}}}``: ENTRY
 has ``max_batch`` (the bucket covers batch sizes up to it, buckets in increasing order) and the
 kernel's parameters (block sizes, ``SPLIT_K`` — an int or "auto" —, ``num_warps``, ``variant``
@@ -19,15 +23,27 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-TABLE_DIR = Path(__file__).resolve().parent / "tuning"
+from .schema import L2_SITES, TableError, check_table  # noqa: F401  (L2_SITES: the plan reads it here)
+
+TABLE_DIR = Path(__file__).resolve().parent
 CPU_DEVICE = "cpu-interpreter"
+
+
+def load_table(path: Path) -> dict:
+    """One table file, parsed and checked (``TableError`` naming file, key and allowed values)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as exc:
+        raise TableError(f"tuning table {Path(path).name}: not JSON ({exc}); fix the file") from None
+    check_table(data, Path(path).name)
+    return data
 
 
 @lru_cache(maxsize=None)
 def tables() -> dict[str, dict]:
     out = {}
     for p in sorted(TABLE_DIR.glob("*.json")):
-        data = json.loads(p.read_text())
+        data = load_table(p)
         out[data["device"]] = data
     return out
 
