@@ -235,7 +235,7 @@ def tiny_decoder():
     from optimized_model.k3.model import K3Model
 
     m = K3Model.build("tiny", device="cpu", dtype=torch.float32, seed=0)
-    return hooks.build_fast_decoder(m, lambda b, cap: m.new_state(b, cap))
+    return dispatch.build_fast_decoder(m, lambda b, cap: m.new_state(b, cap))
 
 
 def _h200_plan(monkeypatch, fd, batch, device="meta"):

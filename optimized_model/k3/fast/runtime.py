@@ -35,7 +35,7 @@ from .tuning import L2_SITES  # noqa: F401  (where the step can prefetch; tests 
 
 
 class FastDecoder:
-    """Built by ``hooks.build_fast_decoder``. ``decode(tokens, state)`` → fp32 logits [B, V]
+    """Built by ``dispatch.build_fast_decoder``. ``decode(tokens, state)`` → fp32 logits [B, V]
     (state updated in place, like ``K3Model.decode``); ``decode_step(batch, context)`` → a
     callable running one step (a graph replay on CUDA); ``sampler``: the fused FastSampler."""
 

@@ -21,7 +21,7 @@ over the row before W streams; split-K carries the partial Σ x² in its workspa
 slots of x (``x`` of shape [M, S, K]: the routed experts' per-slot outputs are reduced here),
 SwiGLU of x (``glu_input``: x = [g | u] of width 2K, the prologue forms silu(g)·u with the
 standard path's roundings: the shared expert's down projection reading the raw gate|up that a
-wider launch wrote, see fast/runtime.py). Fused epilogues: ``residual`` (y = xWᵀ + r), ``swiglu``
+wider launch wrote, see fast/moe_block.py). Fused epilogues: ``residual`` (y = xWᵀ + r), ``swiglu``
 (W = [gate; up] concatenated, y = silu(x Wgᵀ)·(x Wuᵀ), one pass), ``sigmoid_gate``
 (y = xWᵀ · sigmoid(g)).
 
@@ -214,7 +214,7 @@ def _pow2_at_least(v: int) -> int:
 
 
 def default_config(M: int, N: int, K: int, device: torch.device | str = "cpu", epilogue: str = "none") -> dict:
-    """Tuning-table entry for this shape (see fast/tuning.py)."""
+    """Tuning-table entry for this shape (see fast/tuning/)."""
     from .. import tuning
 
     return tuning.lookup("gemv", M, device=device, N=N, K=K, epilogue=epilogue)

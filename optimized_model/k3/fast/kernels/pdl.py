@@ -19,7 +19,7 @@ Launches made inside ``scope(True)`` carry the PDL launch attribute (``launch_kw
 compile the kernels with ``PDL=True`` (``enabled()``) — every launch passes both at once,
 ``**launch_args()``, so the two cannot disagree; outside it (the kernels suite, the CPU
 interpreter) nothing changes. Where the step uses it is tuning-table data (``launch.pdl``:
-"all", "outside_moe" or "off" per batch bucket; runtime.FastDecoder._use_pdl): on the H200 it
+"all", "outside_moe" or "off" per batch bucket; step_plan.StepPlan.pdl): on the H200 it
 pays only at batch 1 outside the MoE layers, where the routed chain overlaps the shared expert's
 stream (perf notes, run K). The CuTe GEMV keeps the same contract (``griddepcontrol`` in CuTe
 DSL, kernels/cute_gemv.py). Torch ops and the sampler launch as usual (a kernel launched after
