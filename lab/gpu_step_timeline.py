@@ -1,7 +1,7 @@
 """Timeline of one fast decode step on the GPU: every kernel in launch order with its stream,
 grid and duration, and the idle gaps between kernels on the main stream (GPU only).
 
-    python3 scripts/gpu_step_timeline.py [--batches 1,64] [--context 1024] [--path fast] \
+    python3 -m lab.gpu_step_timeline [--batches 1,64] [--context 1024] [--path fast] \
         [--patch '{"l2_prefetch": {"kda_o": 1.0}}']
 
 Where the step time goes that no per-kernel sum shows: a step of ~100 short kernels can lose
@@ -24,8 +24,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from fastpath.engine import create_engine
+from fastpath.measure import apply_patch, parse_patch
 from optimized_model.k3.fast import tuning
-from sweep_util import apply_patch, parse_patch
 
 
 def kernels_of(trace_path: str) -> list[dict]:

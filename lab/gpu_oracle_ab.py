@@ -1,6 +1,6 @@
 """Tuning-table variants of the fast path against the fp32 oracle (GPU only).
 
-    python3 scripts/gpu_oracle_ab.py --batches 1,2,4 --context 1024 --steps 8 \\
+    python3 -m lab.gpu_oracle_ab --batches 1,2,4 --context 1024 --steps 8 \\
         --variant 'triton={"gemv": {"variant": "triton"}}' --variant 'cute={"gemv": {"variant": "cute"}}'
 
 A speed A/B (gpu_table_ab.py) says which variant is faster; this says whether it computes as
@@ -22,10 +22,10 @@ import copy
 
 import torch
 
+from fastpath.measure import apply_patch, parse_variant, stopwatch_log
+from lab.sweep_util import compare_logits, decode_teacher_forced, teacher_forced_inputs
 from optimized_model.k3.fast import hooks, tuning
 from optimized_model.k3.model import K3Model
-from sweep_util import (apply_patch, compare_logits, decode_teacher_forced, parse_variant,
-                        stopwatch_log, teacher_forced_inputs)
 
 
 def main() -> int:
