@@ -8,10 +8,11 @@ GPU-only functions raise ``RuntimeError`` with a one-line cause where no CUDA de
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 
 # ------------------------------------------------------------------------------ logging
@@ -150,6 +151,18 @@ def apply_patch(table: dict, base: dict, patch: dict, batch: int) -> None:
         buckets = _kernel(table, kernel)["buckets"]
         bucket = next((b for b in buckets if batch <= b["max_batch"]), buckets[-1])
         bucket.update(fields)
+
+
+@contextlib.contextmanager
+def patched(table: dict, patch: dict, batch: int) -> Iterator[dict]:
+    """``table`` with ``patch`` on the buckets serving ``batch`` inside the block, its kernels
+    as they were after it (a variant's step must be captured inside the block)."""
+    base = copy.deepcopy(table["kernels"])
+    try:
+        apply_patch(table, base, patch, batch)
+        yield table
+    finally:
+        table["kernels"] = base
 
 
 def patch_every_bucket(table: dict, patch: dict) -> None:

@@ -18,11 +18,10 @@ parity suite.
 from __future__ import annotations
 
 import argparse
-import copy
 
 import torch
 
-from fastpath.measure import apply_patch, parse_variant, stopwatch_log
+from fastpath.measure import parse_variant, patched, stopwatch_log
 from lab.sweep_util import compare_logits, decode_teacher_forced, teacher_forced_inputs
 from optimized_model.k3.fast import hooks, tuning
 from optimized_model.k3.model import K3Model
@@ -42,7 +41,6 @@ def main() -> int:
     variants = [parse_variant(v) for v in args.variant] or [("table", {})]
     log = stopwatch_log()
     table = tuning.table_for("cuda")
-    base = copy.deepcopy(table["kernels"])
     model = K3Model.build("mini", device="cuda", dtype=torch.bfloat16, seed=0)
     oracle = K3Model.build("mini", device="cuda", dtype=torch.float32, seed=0, oracle=True,
                            round_dtype=torch.bfloat16)
@@ -62,11 +60,8 @@ def main() -> int:
             log(f"B={B} ctx {args.context} {'standard':10s} vs oracle: max|d| {m['max_diff']:.4f} "
                 f"mean|d| {m['mean_diff']:.5f} top1 {m['top1']:.3f} KL {m['kl']:.2e}")
         for name, patch in variants:
-            apply_patch(table, base, patch, B)
-            try:
+            with patched(table, patch, B):
                 out[name] = decode_teacher_forced(fd, tokens, start)
-            finally:
-                table["kernels"] = copy.deepcopy(base)
             m = compare_logits(out[name], ref)
             log(f"B={B} ctx {args.context} {name:10s} vs oracle: max|d| {m['max_diff']:.4f} "
                 f"mean|d| {m['mean_diff']:.5f} top1 {m['top1']:.3f} KL {m['kl']:.2e} "

@@ -18,14 +18,13 @@ changes it.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import statistics
 
 import torch
 
-from fastpath.measure import apply_patch, parse_variant, stopwatch_log, time_calls
+from fastpath.measure import parse_variant, patched, stopwatch_log, time_calls
 from lab.sweep_util import max_finite_diff
 from optimized_model.k3.fast import hooks, tuning
 from optimized_model.k3.model import K3Model
@@ -42,26 +41,24 @@ def main() -> None:
     variants = [("table", {})] + [parse_variant(v) for v in args.variant]
     log = stopwatch_log()
     table = tuning.table_for("cuda")
-    base = copy.deepcopy(table["kernels"])
     model = K3Model.build("mini", device="cuda", dtype=torch.bfloat16, seed=0)
     fd = hooks.build_fast_decoder(model, lambda b, cap: model.new_state(b, cap))
     rows = []
     for B in [int(b) for b in args.batches.split(",")]:
         steps, first = {}, {}
         for name, patch in variants:
-            apply_patch(table, base, patch, B)
             try:
-                steps[name] = fd.decode_step(B, args.context)
-                # the first replay starts from the same random state for every variant: its
-                # logits show whether the variant computes the same step (launch-order variants
-                # must be bit-identical; tile variants differ by rounding)
-                steps[name]()
-                torch.cuda.synchronize()
+                with patched(table, patch, B):
+                    steps[name] = fd.decode_step(B, args.context)
+                    # the first replay starts from the same random state for every variant: its
+                    # logits show whether the variant computes the same step (launch-order
+                    # variants must be bit-identical; tile variants differ by rounding)
+                    steps[name]()
+                    torch.cuda.synchronize()
                 first[name] = fd._buffers(B)["logits"].clone()
                 time_calls(steps[name], 3)
             except Exception as exc:  # one broken variant must not lose the others
                 log(f"B={B} {name}: error {type(exc).__name__}: {exc}")
-        table["kernels"] = copy.deepcopy(base)
         times: dict[str, list[float]] = {n: [] for n in steps}
         names = list(steps)
         for r in range(args.rounds):

@@ -63,6 +63,21 @@ def test_apply_patch_changes_only_the_bucket_serving_the_batch_and_resets_first(
         M.apply_patch(table, base, {"nope": {"a": 1}}, batch=1)
 
 
+def test_patched_holds_the_patch_inside_the_block_only_even_when_it_raises():
+    table = _table()
+    with M.patched(table, {"k": {"a": 9}}, batch=8) as t:
+        assert t is table and [b["a"] for b in table["kernels"]["k"]["buckets"]] == [1, 9]
+    assert table == _table()
+    with pytest.raises(KeyError):
+        with M.patched(table, {"k": {"a": 5}}, batch=1):
+            raise KeyError("a variant that fails")
+    assert table == _table()
+    with pytest.raises(SystemExit, match="'nope'"):
+        with M.patched(table, {"nope": {"a": 1}}, batch=1):
+            pass
+    assert table == _table()
+
+
 def test_patch_every_bucket_patches_all_buckets_of_the_named_kernels_only():
     table = _table()
     table["kernels"]["other"] = {"buckets": [{"max_batch": 64, "a": 7}]}
