@@ -3,7 +3,7 @@
 On CPU: the module imports with or without nvidia-cutlass-dsl and reports itself unavailable with
 the reason; where the DSL is installed, the kernel is compiled (no GPU needed) and its PTX is
 checked for 16-byte vector loads and warp shuffles. Numerics need a CUDA device (skipped here,
-with the reason; the GPU script optimized_model/k3/fast/gpu_attn_check.py measures them)."""
+with the reason; the GPU script lab/gpu_attn_check.py measures them)."""
 
 import re
 import subprocess
@@ -128,7 +128,7 @@ def test_supports_names_what_is_out_of_scope():
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device: CuTe DSL numerics run on the GPU only "
-                    "(gpu_attn_check.py measures them there)")
+                    "(lab/gpu_attn_check.py measures them there)")
 @pytest.mark.parametrize("shape", cg.kernel_entry("cpu").shapes, ids=str)
 def test_gpu_numerics_vs_oracle(shape):
     ok, why = cg.available()

@@ -177,7 +177,7 @@ def test_l2_prefetch_kernel_compiles_for_sm90_to_a_bulk_prefetch():
     """CPU pre-flight of the inline PTX (the interpreter cannot run it): Triton + ptxas build
     it for sm_90, one ``cp.async.bulk.prefetch.L2`` per lane."""
     code = (
-        "from optimized_model.k3.fast.gpu_bench import compile_launch\n"
+        "from lab.aot import compile_launch\n"
         "from optimized_model.k3.fast.kernels.l2_prefetch import fp_l2_prefetch_kernel as k\n"
         "sig = {'BASE': '*u8', 'n_bytes': 'i32', 'CHUNK': 'constexpr', 'PER_PROGRAM': 'constexpr'}\n"
         "c = compile_launch(k, sig, {'CHUNK': 16384, 'PER_PROGRAM': 32}, {'num_warps': 1}, [0])\n"
@@ -219,7 +219,7 @@ def _compile_on_cpu(*argv: str) -> str:
 def test_every_launch_of_the_tiny_step_compiles_for_sm90():
     """CPU pre-flight: each Triton launch of a fast step compiles for sm_90 (Triton + ptxas) and
     fits the H200's shared memory — errors the interpreter cannot see."""
-    out = _compile_on_cpu("-m", "optimized_model.k3.fast.gpu_bench", "--aot", "--config", "tiny", "--batches", "1,16")
+    out = _compile_on_cpu("-m", "lab.aot", "--config", "tiny", "--batches", "1,16")
     assert "0 problems" in out
 
 
@@ -228,5 +228,5 @@ def test_pdl_builds_compute_what_the_plain_builds_compute():
     compiles (sm_90) to the same instructions, opcode by opcode, as its non-PDL build — PDL may
     move a load, never change the arithmetic (KDA decode's early state load did: perf notes,
     run L)."""
-    out = _compile_on_cpu("scripts/ptx_diff.py", "--pdl", "--config", "tiny", "--batches", "1")
+    out = _compile_on_cpu("-m", "lab.ptx_diff", "--pdl", "--config", "tiny", "--batches", "1")
     assert "0 compute differently" in out and " 0 PDL launches" not in out

@@ -233,7 +233,7 @@ def test_conditioning_over_2k_tokens(model32):
 @pytest.mark.gpu
 def test_fla_kernels_match_torch_on_gpu():
     if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU (fla-core Triton kernels); run optimized_model/k3/gpu_check.py on the H200")
+        pytest.skip("needs a CUDA GPU (fla-core Triton kernels); run lab/gpu_check.py on the H200")
     std = K3Model.build("tiny", device="cuda", dtype=torch.bfloat16, seed=0)
     ref = K3Model(std.cfg, {k: v.float() for k, v in std.w.items()}, oracle=True)
     assert std.kda_backend == "fla"

@@ -1,6 +1,6 @@
 """Check moe_align (one program per expert) on the GPU against a Python grouping (GPU only).
 
-    python3 scripts/gpu_align_check.py
+    python3 -m lab.gpu_align_check
 
 Batch shapes of the fast path (64 experts, top-8, BLOCK_M 16 / 32 / 1) and a small one, random
 and crowded routings, the same buffers reused across calls (as a graph replay does). Prints the

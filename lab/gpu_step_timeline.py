@@ -1,7 +1,7 @@
 """Timeline of one fast decode step on the GPU: every kernel in launch order with its stream,
 grid and duration, and the idle gaps between kernels on the main stream (GPU only).
 
-    python3 scripts/gpu_step_timeline.py [--batches 1,64] [--context 1024] [--path fast] \
+    python3 -m lab.gpu_step_timeline [--batches 1,64] [--context 1024] [--path fast] \
         [--patch '{"l2_prefetch": {"kda_o": 1.0}}']
 
 Where the step time goes that no per-kernel sum shows: a step of ~100 short kernels can lose
@@ -15,7 +15,6 @@ gpu_table_ab.py's variants do).
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import tempfile
@@ -24,8 +23,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from fastpath.engine import create_engine
+from fastpath.measure import parse_patch, patched
 from optimized_model.k3.fast import dispatch, tuning
-from sweep_util import apply_patch, parse_patch
 
 
 def kernels_of(trace_path: str) -> list[dict]:
@@ -70,21 +69,20 @@ def main() -> None:
     args = ap.parse_args()
     patch = parse_patch(args.patch, "--patch")
     table = tuning.table_for("cuda")
-    base = copy.deepcopy(table["kernels"])
     engine = create_engine("embedded", config="mini", device="cuda", dtype="bfloat16")
     model = engine.load(args.path, additional_config=dispatch.switch_config())
     out = []
     for b in [int(x) for x in args.batches.split(",")]:
-        apply_patch(table, base, patch, b)
-        step = model.decode_step(b, args.context)
-        for _ in range(5):
-            step()
-        torch.cuda.synchronize()
-        n = 3
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(n):
+        with patched(table, patch, b):  # the step is captured and replayed under the patch
+            step = model.decode_step(b, args.context)
+            for _ in range(5):
                 step()
-                torch.cuda.synchronize()
+            torch.cuda.synchronize()
+            n = 3
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(n):
+                    step()
+                    torch.cuda.synchronize()
         with tempfile.NamedTemporaryFile(suffix=".json") as tf:
             prof.export_chrome_trace(tf.name)
             ks = kernels_of(tf.name)

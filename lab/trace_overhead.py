@@ -1,6 +1,6 @@
 """Micro-benchmark: per-call cost of fastpath.trace.engaged() (DESIGN §3.4: near-free when idle).
 
-    .venv/bin/python bench/trace_overhead.py [--number N] [--repeat R]
+    python3 -m lab.trace_overhead [--number N] [--repeat R]
 
 Prints ns per call (best of R timeit repeats) for: an empty function call (the floor),
 engaged() with no recorder, engaged() with a recorder open, and engaged() inside a capture.

@@ -1,9 +1,9 @@
 """Do the fast step's kernels compile to the same code as at another commit? (CPU only.)
 
-    python scripts/ptx_diff.py --rev 74ed216 [--batches 1,2,4,8,16,32,64] [--config mini]
-    python scripts/ptx_diff.py --pdl [--batches 1] [--config tiny]
+    python3 -m lab.ptx_diff --rev 74ed216 [--batches 1,2,4,8,16,32,64] [--config mini]
+    python3 -m lab.ptx_diff --pdl [--batches 1] [--config tiny]
 
-Records every distinct Triton launch of the fast step on the CPU (``gpu_bench.record_launches``:
+Records every distinct Triton launch of the fast step on the CPU (``lab.aot.record_launches``:
 meta tensors, the H200 tuning table), compiles each for sm_90 with the kernel of this tree and
 with the same-named kernel of ``--rev`` (its kernel modules read with ``git show``), and compares
 the PTX code (comments, line info and debug sections aside: they name the file). A launch whose
@@ -104,7 +104,7 @@ def main() -> int:
         raise SystemExit("ptx_diff: unset TRITON_INTERPRET (the kernels must be compiled, not interpreted)")
     if bool(args.rev) == args.pdl:
         raise SystemExit("ptx_diff: give --rev REV or --pdl (one of them)")
-    from optimized_model.k3.fast.gpu_bench import compile_launch, record_launches
+    from lab.aot import compile_launch, record_launches
 
     calls = record_launches(args.config, [int(b) for b in args.batches.split(",")])
     if args.pdl:

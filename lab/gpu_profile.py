@@ -1,6 +1,6 @@
 """Per-kernel time breakdown of one decode step (GPU only), to see where the step time goes.
 
-    python3 scripts/gpu_profile.py [--paths fast,standard] [--batches 1,4,8,64] [--context 1024]
+    python3 -m lab.gpu_profile [--paths fast,standard] [--batches 1,4,8,64] [--context 1024]
 
 Builds K3-mini (mini, bf16) once, captures each path's decode step (a CUDA-graph replay), runs
 it under torch.profiler and prints, per (path, batch), the step time and the top kernels by
@@ -20,6 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from fastpath.engine import create_engine
 from optimized_model.k3.fast import dispatch
+from fastpath.measure import time_calls
 
 
 def kernel_table(prof, steps: int) -> list[dict]:
@@ -49,13 +50,7 @@ def main() -> None:
             for _ in range(3):
                 step()
             torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(20):
-                step()
-            end.record()
-            torch.cuda.synchronize()
-            step_us = start.elapsed_time(end) * 1000 / 20
+            step_us = time_calls(step, 20) * 1e6
             steps = 5
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(steps):

@@ -1,6 +1,6 @@
 """Whole-step A/B of tuning-table variants on the GPU (the fast step as the bench runs it).
 
-    python3 scripts/gpu_table_ab.py --batches 64 --context 1024 \\
+    python3 -m lab.gpu_table_ab --batches 64 --context 1024 \\
         --variant 'down_main={"moe_schedule": {"latent_down": "main"}}' \\
         --variant 'router_w4={"moe_router": {"num_warps": 4}}'
 
@@ -8,7 +8,7 @@ A variant is NAME=JSON: {kernel: {field: value}}, applied to the bucket that ser
 batch (the table's other buckets are untouched). The table as checked in is the baseline.
 Per batch, each setting's whole step (CUDA graph, fused sampler) is captured once and all are
 timed in interleaved rounds (the order reversed every other round; median of the rounds,
-``bench_decode.time_calls`` over back-to-back replays): a kernel that is faster alone can be
+``fastpath.measure.time_calls`` over back-to-back replays): a kernel that is faster alone can be
 slower inside the step, beside the other streams. Prints ms per step and the ratio to the
 baseline, and whether the variant's first step gives the baseline's logits (bit-identical, or
 the largest difference); writes $OUT/table_ab.json. The data for the table; nothing here
@@ -18,17 +18,16 @@ changes it.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import statistics
 
 import torch
 
+from fastpath.measure import parse_variant, patched, stopwatch_log, time_calls
+from lab.sweep_util import max_finite_diff
 from optimized_model.k3.fast import dispatch, tuning
-from optimized_model.k3.fast.gpu_bench import time_graph
 from optimized_model.k3.model import K3Model
-from sweep_util import apply_patch, max_finite_diff, parse_variant, stopwatch_log
 
 
 def main() -> None:
@@ -42,31 +41,29 @@ def main() -> None:
     variants = [("table", {})] + [parse_variant(v) for v in args.variant]
     log = stopwatch_log()
     table = tuning.table_for("cuda")
-    base = copy.deepcopy(table["kernels"])
     model = K3Model.build("mini", device="cuda", dtype=torch.bfloat16, seed=0)
     fd = dispatch.build_fast_decoder(model, lambda b, cap: model.new_state(b, cap))
     rows = []
     for B in [int(b) for b in args.batches.split(",")]:
         steps, first = {}, {}
         for name, patch in variants:
-            apply_patch(table, base, patch, B)
             try:
-                steps[name] = fd.decode_step(B, args.context)
-                # the first replay starts from the same random state for every variant: its
-                # logits show whether the variant computes the same step (launch-order variants
-                # must be bit-identical; tile variants differ by rounding)
-                steps[name]()
-                torch.cuda.synchronize()
+                with patched(table, patch, B):
+                    steps[name] = fd.decode_step(B, args.context)
+                    # the first replay starts from the same random state for every variant: its
+                    # logits show whether the variant computes the same step (launch-order
+                    # variants must be bit-identical; tile variants differ by rounding)
+                    steps[name]()
+                    torch.cuda.synchronize()
                 first[name] = fd.buffers(B).logits.clone()
-                time_graph(steps[name], 3)
+                time_calls(steps[name], 3)
             except Exception as exc:  # one broken variant must not lose the others
                 log(f"B={B} {name}: error {type(exc).__name__}: {exc}")
-        table["kernels"] = copy.deepcopy(base)
         times: dict[str, list[float]] = {n: [] for n in steps}
         names = list(steps)
         for r in range(args.rounds):
             for name in (names if r % 2 == 0 else names[::-1]):
-                times[name].append(time_graph(steps[name], args.replays) * 1e3)
+                times[name].append(time_calls(steps[name], args.replays) * 1e3)
         med = {n: statistics.median(t) for n, t in times.items()}
         for name in names:
             ratio = med[name] / med["table"] if "table" in med else float("nan")

@@ -1,8 +1,8 @@
-"""Decode benchmark for K3-mini (issue 3 item 8): tokens/s, step time and MBU per batch size and
+"""Decode benchmark for K3-mini: tokens/s, step time and MBU per batch size and
 context length, for the standard path (and the fast path when it is available, with speedup).
 
-    python -m optimized_model.k3.bench_decode                       # mini, cuda, bf16
-    python -m optimized_model.k3.bench_decode --config tiny --device cpu --dtype float32 \
+    python3 -m lab.bench_decode                       # mini, cuda, bf16
+    python3 -m lab.bench_decode --config tiny --device cpu --dtype float32 \
         --batches 1,2 --contexts 16,64 --rounds 2 --replays 3       # CPU smoke
     ... --json OUT.json
 
@@ -22,45 +22,16 @@ import argparse
 import json
 import statistics
 import sys
-import time
-from typing import Callable
 
 import torch
 
-from .config import bytes_per_step
+from fastpath.measure import copy_bandwidth, time_calls
+from optimized_model.k3.config import bytes_per_step
 
 
 def _sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
-
-
-def time_calls(fn: Callable[[], None], n: int, device: str) -> float:
-    """Seconds per call of ``fn`` over ``n`` back-to-back calls."""
-    if device == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(n):
-            fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3 / n
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    return (time.perf_counter() - t0) / n
-
-
-def copy_bandwidth(device: str, rounds: int = 5) -> float:
-    """Bytes/s of a large device copy, counting read + write bytes (median of ``rounds``)."""
-    nbytes = (2 << 30) if device == "cuda" else (256 << 20)
-    src = torch.empty(nbytes // 2, dtype=torch.float16, device=device).fill_(1.0)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    _sync(device)
-    times = [time_calls(lambda: dst.copy_(src), 3 if device == "cuda" else 1, device) for _ in range(rounds)]
-    del src, dst
-    return 2 * nbytes / statistics.median(times)
 
 
 def bench(engine, paths: list[str], batches: list[int], contexts: list[int], rounds: int = 5,
@@ -70,7 +41,7 @@ def bench(engine, paths: list[str], batches: list[int], contexts: list[int], rou
     dtype_bytes = {"bfloat16": 2, "float16": 2, "float32": 4}[info["dtype"]]
     bw = copy_bandwidth(device)
     log(f"copy bandwidth (read+write): {bw / 1e12:.3f} TB/s")
-    from .fast import dispatch
+    from optimized_model.k3.fast import dispatch
 
     models = {p: engine.load(p, additional_config=dispatch.switch_config()) for p in paths}
     cfg = engine.cfg
@@ -141,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads or args.device == "cpu":
         torch.set_num_threads(args.threads or 1)
 
-    from .engine import EmbeddedEngine
+    from optimized_model.k3.engine import EmbeddedEngine
 
     engine = EmbeddedEngine(config=args.config, device=args.device, dtype=args.dtype, seed=args.seed)
     if args.paths == "auto":

@@ -1,6 +1,6 @@
 """How far the standard path is from ITSELF, in the parity metric (GPU only).
 
-    python3 scripts/gpu_parity_noise.py --batch 32 --context 1024 --steps 64
+    python3 -m lab.gpu_parity_noise --batch 32 --context 1024 --steps 64
 
 The parity suite's top-1 agreement (fast vs standard) can only be as fine as the metric's own
 resolution on K3-mini. This script measures that resolution: the same ``--batch`` random
@@ -25,9 +25,10 @@ import argparse
 
 import torch
 
+from fastpath.measure import stopwatch_log
+from lab.sweep_util import compare_logits, decode_teacher_forced, teacher_forced_inputs
 from optimized_model.k3.fast import dispatch
 from optimized_model.k3.model import K3Model
-from sweep_util import compare_logits, decode_teacher_forced, stopwatch_log, teacher_forced_inputs
 
 
 def main() -> int:

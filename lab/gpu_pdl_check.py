@@ -1,6 +1,6 @@
 """Check that programmatic dependent launch changes nothing but timing (GPU only).
 
-    python3 scripts/gpu_pdl_check.py --batches 1,8,64 --order all,off --steps 8 \
+    python3 -m lab.gpu_pdl_check --batches 1,8,64 --order all,off --steps 8 \
         [--patch '{"moe_schedule": {"shared_in": "separate"}}']
 
 For each batch and each setting of the tuning table's ``launch.pdl`` (in ``--order``), the fast
@@ -19,9 +19,10 @@ import sys
 
 import torch
 
+from fastpath.measure import parse_patch, patch_every_bucket
+from lab.sweep_util import max_finite_diff
 from optimized_model.k3.fast import dispatch, tuning
 from optimized_model.k3.model import K3Model
-from sweep_util import max_finite_diff, parse_patch
 
 
 def run(fd, model, B: int, steps: int, seed: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -43,13 +44,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--patch", default="{}", help="JSON {kernel: {field: value}} for every bucket")
     args = ap.parse_args()
-    kernels = tuning.table_for("cuda")["kernels"]
-    for kernel, fields in parse_patch(args.patch, "--patch").items():
-        if kernel not in kernels:
-            raise SystemExit(f"--patch names kernel {kernel!r}, not in the table")
-        for bucket in kernels[kernel]["buckets"]:
-            bucket.update(fields)
-    launch = kernels["launch"]["buckets"]
+    table = tuning.table_for("cuda")
+    patch_every_bucket(table, parse_patch(args.patch, "--patch"))
+    launch = table["kernels"]["launch"]["buckets"]
     model = K3Model.build("mini", device="cuda", dtype=torch.bfloat16, seed=0)
     factory = lambda b, cap: model.new_state(b, cap)  # noqa: E731
     bad = 0

@@ -1,11 +1,11 @@
 """Sweep the fused MoE router's configurations at K3-mini's shape (GPU only).
 
-    python3 scripts/gpu_router_sweep.py [--batches 1,8,32,64] [--baseline PATH] [--table-only]
+    python3 -m lab.gpu_router_sweep [--batches 1,8,32,64] [--baseline PATH] [--table-only]
 
 Router: x [B, 4096] bf16 (normed in the kernel), 64 experts, top-8, with the grouping by
 expert for the experts kernels (``align``, BLOCK_M as the experts' table gives it). Times the
 tuning table's config and candidates (tile shape, warps), the router + a separate align launch,
-and, with ``--baseline``, a copy of an older moe.py. gpu_bench.time_kernel (20 calls in one
+and, with ``--baseline``, a copy of an older moe.py. fastpath.measure.graph_time (20 calls in one
 CUDA graph, median of 3 replays). Checks every candidate's ids against the reference routing
 and its grouping against the standalone align. Writes $OUT/router_sweep.json.
 """
@@ -18,10 +18,10 @@ import os
 
 import torch
 
+from fastpath.measure import graph_time, stopwatch_log
+from lab.sweep_util import load_module
 from optimized_model.k3.fast import tuning
-from optimized_model.k3.fast.gpu_bench import time_kernel
 from optimized_model.k3.fast.kernels import moe as MOE
-from sweep_util import load_module, stopwatch_log
 
 CANDIDATES = [
     ("w4", dict(num_warps=4)),
@@ -68,7 +68,7 @@ def main() -> None:
                 w = torch.empty(B, k, dtype=torch.float32, device=dev)
                 fn = lambda: mod.moe_router(x, rw, rb, k, norm_weight=nw, ids=ids, weights=w,  # noqa: E731
                                             config=cfg, scratch=sc, align=al)
-                us = time_kernel(fn) * 1e6
+                us = graph_time(fn) * 1e6
                 ok_ids = torch.equal(ids.sort(-1).values, ref_ids.sort(-1).values)
                 ref_al = MOE.moe_align(ids, E, bm)
                 ok_al = torch.equal(al.bexp, ref_al.bexp) and torch.equal(al.brows, ref_al.brows)
@@ -84,7 +84,7 @@ def main() -> None:
         def split():
             MOE.moe_router(x, rw, rb, k, norm_weight=nw, ids=ids, weights=w, config=table, scratch=sc)
             MOE.moe_align(ids, E, bm, align=al)
-        us = time_kernel(split) * 1e6
+        us = graph_time(split) * 1e6
         rows.append(dict(batch=B, config="table+align_launch", us=us))
         log(f"router B={B:3d} {'table+align':14s} {us:7.1f} us")
     with open(os.path.join(os.environ.get("OUT", "."), "router_sweep.json"), "w") as fh:

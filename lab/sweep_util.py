@@ -1,14 +1,11 @@
-"""Helpers of the GPU sweep scripts (scripts/gpu_*_sweep.py), run as ``python3 scripts/X.py``."""
+"""Helpers the lab tools share beyond fastpath.measure: loading a copy of a kernel module, and
+the teacher-forced decoding and logit comparison of gpu_oracle_ab.py and gpu_parity_noise.py."""
 
 from __future__ import annotations
 
-import copy
 import importlib.util
-import json
 import sys
-import time
 from types import ModuleType
-from typing import Callable
 
 
 def load_module(path: str, name: str) -> ModuleType:
@@ -19,47 +16,6 @@ def load_module(path: str, name: str) -> ModuleType:
     sys.modules[name] = mod  # registered first, as an import would (dataclasses look it up)
     spec.loader.exec_module(mod)
     return mod
-
-
-def stopwatch_log() -> Callable[[str], None]:
-    """A print that prefixes the seconds since it was made and flushes (logs read live)."""
-    t0 = time.time()
-
-    def log(msg: str) -> None:
-        print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
-
-    return log
-
-
-def parse_patch(text: str, what: str = "--variant") -> dict:
-    """A table patch {kernel: {field: value}} from JSON text (SystemExit names the problem)."""
-    try:
-        patch = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SystemExit(f"{what}: not JSON ({exc}): {text!r}") from None
-    if not isinstance(patch, dict) or not all(isinstance(v, dict) for v in patch.values()):
-        raise SystemExit(f"{what}: JSON must be {{kernel: {{field: value}}}}, got {text!r}")
-    return patch
-
-
-def parse_variant(text: str) -> tuple[str, dict]:
-    """NAME=JSON → (name, patch)."""
-    name, sep, body = text.partition("=")
-    if not sep or not name:
-        raise SystemExit(f"--variant {text!r}: expected NAME=JSON, e.g. 'w4={{\"moe_router\": {{\"num_warps\": 4}}}}'")
-    return name, parse_patch(body, f"--variant {name}")
-
-
-def apply_patch(table: dict, base: dict, patch: dict, batch: int) -> None:
-    """Reset ``table``'s kernels to ``base``, then patch the buckets serving ``batch`` (the
-    table's other buckets are untouched)."""
-    table["kernels"] = copy.deepcopy(base)
-    for kernel, fields in patch.items():
-        if kernel not in table["kernels"]:
-            raise SystemExit(f"the patch names kernel {kernel!r}, not in the table {table['device']!r}")
-        buckets = table["kernels"][kernel]["buckets"]
-        bucket = next((b for b in buckets if batch <= b["max_batch"]), buckets[-1])
-        bucket.update(fields)
 
 
 def max_finite_diff(a, b) -> float:

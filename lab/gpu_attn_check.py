@@ -1,11 +1,11 @@
 """GPU check of the fast path's attention decode kernels and the CuTe DSL GEMV (one H200 run,
 < 3 minutes). Run from the repository root:
 
-    python -m optimized_model.k3.fast.gpu_attn_check            # writes $OUT/gpu_attn_check.json
+    python3 -m lab.gpu_attn_check            # writes $OUT/gpu_attn_check.json
 
 Pieces (each in its own try/except; a missing package is recorded as a skip with the reason):
 
-1. copy bandwidth: device-to-device copy of 2 GiB, (read + write bytes) / time — the roofline
+1. copy bandwidth: fastpath.measure.copy_bandwidth (device-to-device copy of 2 GiB, read + write bytes) — the roofline
    for every "% copy BW" figure below, measured in the same run;
 2. KDA decode (H=32, K=V=128, bf16, batch 1..64): fused Triton step vs fla ``naive_recurrent_kda``
    (fp32 oracle) and vs the standard path (torch conv/norm + fla ``fused_recurrent_kda``):
@@ -25,10 +25,10 @@ shapes, wall-clock "timings") — a dry run of this script, not a measurement.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -39,55 +39,31 @@ if SMOKE:
 
 import torch  # noqa: E402
 
+from fastpath.measure import copy_bandwidth as measure_copy_bandwidth, graph_time, stopwatch_log  # noqa: E402
+
 DEV = "cpu" if SMOKE else "cuda"
 DT = torch.float16 if SMOKE else torch.bfloat16
 SM = 132 if SMOKE else None
 
 RESULTS: dict = {"pieces": {}, "errors": {}, "skips": {}}
 T0 = time.time()
+_log = stopwatch_log(T0)
 
 
 def log(*a):
-    print(f"[{time.time() - T0:6.1f}s]", *a, flush=True)
+    _log(" ".join(str(x) for x in a))
 
 
 def bench(fn, iters: int = 20, reps: int = 7) -> float:
-    """µs per call: CUDA graph of ``iters`` calls, median of ``reps`` replays (eager fallback)."""
+    """µs per call of ``fn(i)`` (``i`` counts the calls: it rotates weight copies): a CUDA graph
+    of ``iters`` calls, median of ``reps`` replays (eager where capture fails); in the CPU smoke
+    run one wall-clock call."""
     if SMOKE:
         t = time.perf_counter()
         fn(0)
         return (time.perf_counter() - t) * 1e6
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(3):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    try:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for i in range(iters):
-                fn(i)
-        run = g.replay
-    except Exception as exc:  # noqa: BLE001 - record and time eagerly
-        log("  graph capture failed, eager timing:", repr(exc)[:200])
-        torch.cuda.synchronize()
-
-        def run():
-            for i in range(iters):
-                fn(i)
-    run()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        run()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) * 1e3 / iters)
-    return statistics.median(out)
+    calls = itertools.count()
+    return graph_time(lambda: fn(next(calls)), calls=iters, replays=reps, eager_fallback=True) * 1e6
 
 
 def maxerr(a, b) -> float:
@@ -112,15 +88,10 @@ def piece(name):
 
 @piece("copy_bw")
 def copy_bandwidth():
-    n = 2 ** 20 if SMOKE else 2 * 1024 ** 3
-    src = torch.empty(n, dtype=torch.uint8, device=DEV)
-    dst = torch.empty_like(src)
-    us = bench(lambda i: dst.copy_(src), iters=5, reps=5)
-    bw = 2 * n / (us * 1e-6)
+    bw = measure_copy_bandwidth(DEV, nbytes=2 ** 20 if SMOKE else None)
     RESULTS["copy_bw_Bps"] = bw
     log(f"  copy bandwidth {bw / 1e12:.2f} TB/s")
-    del src, dst
-    return {"bytes": 2 * n, "us": us, "TBps": bw / 1e12}
+    return {"TBps": bw / 1e12}
 
 
 def pct_bw(nbytes: float, us: float) -> float:

@@ -1,6 +1,6 @@
 """GPU check + benchmark of the K3-mini fast path (one H200 run, < 5 minutes with the defaults).
 
-    python -m optimized_model.k3.fast.gpu_bench [--batches 1,2,4,8,16,32,64] [--contexts 1024,32768]
+    python3 -m lab.gpu_bench [--batches 1,2,4,8,16,32,64] [--contexts 1024,32768]
         [--rounds 5] [--replays 20] [--budget 215] [--kernel-budget 95] [--ktime-budget 60]
         [--skip-kernels] [--skip-ktime] [--out DIR]
 
@@ -21,13 +21,7 @@ decode row (a killed run keeps what it measured), and prints the table last. Tim
 seconds from the start (ktime 60, kernel checks 95, decode cases 215: the run fits 270 s),
 skip what would not fit and say so.
 
-CPU pre-flight (no GPU needed, run it before spending GPU time):
-
-    python -m optimized_model.k3.fast.gpu_bench --aot [--config mini] [--batches 1,2,4,8,16,32,64]
-
-runs the fast decoder of the real config on "meta" tensors with every Triton launch intercepted,
-then compiles each distinct launch ahead of time for sm_90 (Triton + ptxas) and reports compile
-errors and shared-memory use over the H200's 227 KB. Catches what the interpreter cannot.
+The CPU pre-flight of the same step (every launch compiled for sm_90, no GPU) is lab/aot.py.
 """
 
 from __future__ import annotations
@@ -42,29 +36,10 @@ import traceback
 
 import torch
 
+from fastpath.measure import copy_bandwidth, graph_time, stopwatch_log, time_calls
+
 T0 = time.time()
-
-
-def log(msg: str) -> None:
-    print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
-
-
-def copy_bandwidth(gib: float = 2.0, iters: int = 10) -> float:
-    n = int(gib * (1 << 30)) // 2
-    a = torch.empty(n, dtype=torch.bfloat16, device="cuda")
-    b = torch.empty_like(a)
-    b.copy_(a)
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(iters):
-        b.copy_(a)
-    e.record()
-    torch.cuda.synchronize()
-    bw = 2 * a.numel() * 2 * iters / (s.elapsed_time(e) / 1e3)
-    del a, b
-    torch.cuda.empty_cache()
-    return bw
+log = stopwatch_log(T0)
 
 
 def _err(a, b) -> float:
@@ -121,32 +96,6 @@ def check_kernels(budget_s: float) -> list[dict]:
     return rows
 
 
-def time_graph(fn, replays: int) -> float:
-    """Seconds per call of ``fn`` (CUDA events around ``replays`` back-to-back calls)."""
-    from optimized_model.k3.bench_decode import time_calls
-
-    return time_calls(fn, replays, "cuda")
-
-
-def time_kernel(fn, reps: int = 20, rounds: int = 3) -> float:
-    """Seconds per call of ``fn`` (a few kernel launches): ``reps`` calls captured in one CUDA
-    graph (no Python launch overhead in the figure), median over ``rounds`` replays."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    return statistics.median(time_graph(g.replay, 1) for _ in range(rounds)) / reps
-
-
 def kernel_timings(budget_s: float, dev: str = "cuda", dtype=torch.bfloat16, dims=None,
                    timer=None) -> list[dict]:
     """Per-kernel µs of the kernels changed after the first profile (mini shapes, bf16),
@@ -159,7 +108,7 @@ def kernel_timings(budget_s: float, dev: str = "cuda", dtype=torch.bfloat16, dim
     from optimized_model.k3.fast.kernels import moe as MOE
 
     bf = dtype
-    time_kernel_ = timer or time_kernel
+    timer = timer or graph_time
     rows = []
     gen = torch.Generator(device="cpu").manual_seed(0)
 
@@ -192,14 +141,14 @@ def kernel_timings(budget_s: float, dev: str = "cuda", dtype=torch.bfloat16, dim
             ids = torch.empty(M, k, dtype=torch.int32, device=dev)
             wts = torch.empty(M, k, dtype=torch.float32, device=dev)
             rcfg = tuning.lookup("moe_router", M, device=dev)
-            t_r = time_kernel_(lambda: MOE.moe_router(x, rw, rb, k, routed_scaling=2.5, norm_weight=nw, ids=ids,
+            t_r = timer(lambda: MOE.moe_router(x, rw, rb, k, routed_scaling=2.5, norm_weight=nw, ids=ids,
                                                      weights=wts, config=rcfg, scratch=sc, align=al))
             ids.copy_(torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(M)]).to(torch.int32))
             MOE.moe_align(ids, E, al.block_m, al)
             lat = torch.randn(M, Lt, device=dev, dtype=bf)
             h = torch.empty(M * k, I, device=dev, dtype=bf)
             o = torch.empty(M, k, Lt, device=dev, dtype=torch.float32)
-            t_e = time_kernel_(lambda: MOE.moe_experts(lat, ids, wts, w13, w2, h_buf=h, out=o, config=ecfg, align=al))
+            t_e = timer(lambda: MOE.moe_experts(lat, ids, wts, w13, w2, h_buf=h, out=o, config=ecfg, align=al))
             n_exp = int(torch.unique(ids).numel())
             nbytes = n_exp * 3 * I * Lt * 2
             add({"kernel": "moe_router+align", "M": M, "us": t_r * 1e6})
@@ -215,7 +164,7 @@ def kernel_timings(budget_s: float, dev: str = "cuda", dtype=torch.bfloat16, dim
             for bv in ((None, 32, 64, 128) if B == 64 and Kh == 128 else (None,)):
                 kw = dict(inp)
                 kw["block_v"] = bv
-                t = time_kernel_(lambda: KDA.kda_decode(**kw, out=out))
+                t = timer(lambda: KDA.kda_decode(**kw, out=out))
                 add({"kernel": "kda_decode", "M": B, "block_v": bv or "auto", "us": t * 1e6,
                      "GBps": B * H * Kh * Kh * 4 * 2 / t / 1e9})
         guard(f"kda B{B}", kda_case)
@@ -252,7 +201,7 @@ def kernel_timings(budget_s: float, dev: str = "cuda", dtype=torch.bfloat16, dim
                 cfgs = cfgs[:1] if pass_ == 0 else cfgs[1:]
                 for label, c in cfgs:
                     sc = G.GemvScratch(M, N, int(c.get("SPLIT_K", 1)), False, dev) if int(c.get("SPLIT_K", 1)) > 1 else None
-                    t = time_kernel_(lambda: G.gemv(x, w, out=y, config=c, scratch=sc))
+                    t = timer(lambda: G.gemv(x, w, out=y, config=c, scratch=sc))
                     add({"kernel": "gemv", "M": M, "N": N, "K": D, "config": label, "us": t * 1e6,
                          "GBps": N * D * 2 / t / 1e9, "variant": G.variant_name(M, c)})
             guard(f"gemv M{M} N{N} pass {pass_}", gemv_case)
@@ -275,10 +224,10 @@ def cute_vs_triton() -> list[dict]:
         row = {"M": M, "N": N, "K": K}
         try:
             yt = G.gemv(x, w)
-            row["triton_us"] = statistics.median(time_graph(lambda: G.gemv(x, w, out=yt), 50) for _ in range(3)) * 1e6
+            row["triton_us"] = statistics.median(time_calls(lambda: G.gemv(x, w, out=yt), 50) for _ in range(3)) * 1e6
             if ok:
                 yc = cute_gemv.gemv(x, w)
-                row["cute_us"] = statistics.median(time_graph(lambda: cute_gemv.gemv(x, w, out=yc), 50) for _ in range(3)) * 1e6
+                row["cute_us"] = statistics.median(time_calls(lambda: cute_gemv.gemv(x, w, out=yc), 50) for _ in range(3)) * 1e6
                 row["max_diff"] = _err(yc, yt)
             else:
                 row["cute"] = why
@@ -339,12 +288,12 @@ def bench_decode(batches, contexts, rounds, replays, budget_s, bw, rows=None, on
                 row["fast_components"] = sorted(comps)
                 row["fast_refused"] = sorted(c for c, v in comps.items() if any(x.startswith("refused") for x in v))
                 for f in (std_step, fast_step):
-                    time_graph(f, 3)
+                    time_calls(f, 3)
                 ts, tf = [], []
                 for r in range(rounds):
                     order = (std_step, fast_step) if r % 2 == 0 else (fast_step, std_step)
                     for f in order:
-                        t = time_graph(f, replays)
+                        t = time_calls(f, replays)
                         (ts if f is std_step else tf).append(t)
                 ms, mf = statistics.median(ts), statistics.median(tf)
                 nbytes = C.bytes_per_step(cfg, B, ctx)
@@ -368,138 +317,6 @@ def bench_decode(batches, contexts, rounds, replays, budget_s, bw, rows=None, on
             log(f"decode b{B} c{ctx}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                                  for k, v in row.items() if not k.endswith("rounds_ms")))
     return rows
-
-
-# ------------------------------------------------------------------------------ AOT pre-flight
-_TT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "i32",
-       torch.int64: "i64", torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1"}
-
-
-def _meta_model(config: str):
-    """A K3Model of ``config`` whose weights are meta tensors (shapes only, no memory)."""
-    import types
-
-    from optimized_model.k3 import weights as W
-    from optimized_model.k3.model import K3Model
-    from optimized_model.k3.config import get_config
-
-    real = W.torch
-    shim = types.SimpleNamespace(**{k: getattr(real, k) for k in dir(real) if not k.startswith("__")})
-
-    class _Gen:
-        def __init__(self, *a, **k):
-            pass
-
-        def manual_seed(self, *_):
-            return self
-
-    def _meta(*shape, **kw):
-        return real.empty(*shape, dtype=kw.get("dtype") or real.float32, device="meta")
-
-    shim.Generator, shim.randn, shim.rand = _Gen, _meta, _meta
-    shim.ones = lambda n, **kw: real.empty(n, device="meta")
-    W.torch = shim
-    try:
-        cfg = get_config(config)
-        w = W.init_weights(cfg, device="meta", dtype=torch.bfloat16)
-    finally:
-        W.torch = real
-    return K3Model(cfg, w)
-
-
-def record_launches(config: str, batches: list[int], context: int = 1024) -> list[tuple]:
-    """Every distinct Triton launch of the fast step of ``config`` at ``batches``, recorded on
-    the CPU (meta tensors; tuning table of the H200; nothing runs): a list of (JIT function,
-    signature, constexprs, launch options, 16-divisible argument indices), sorted by name."""
-    from triton.runtime.jit import JITFunction
-
-    from optimized_model.k3.fast import tuning
-    from optimized_model.k3.fast.runtime import FastDecoder
-    from optimized_model.k3.state import new_state
-
-    calls: dict = {}
-    real_run = JITFunction.run
-
-    def record(self, *args, grid, warmup, **kwargs):
-        names = self.arg_names
-        bound = dict(zip(names, args))
-        bound.update({k: v for k, v in kwargs.items() if k in names})
-        opts = {k: v for k, v in kwargs.items() if k not in names}
-        sig, consts, div = {}, {}, []
-        for i, p in enumerate(self.params):
-            v = bound.get(p.name, p.default)
-            if p.is_constexpr:
-                sig[p.name], consts[p.name] = "constexpr", v
-            elif isinstance(v, torch.Tensor):
-                sig[p.name] = "*" + _TT[v.dtype]
-                # like the JIT's specialisation: 16-byte aligned pointers (meta tensors: the
-                # allocator's alignment; views at an offset keep it only if the offset does)
-                if (v.storage_offset() * v.element_size()) % 16 == 0 and i not in self.do_not_specialize:
-                    div.append(i)
-            elif isinstance(v, bool):
-                sig[p.name] = "i1"
-            elif isinstance(v, int):
-                sig[p.name] = "i64" if abs(v) >= 2 ** 31 else "i32"
-                if v % 16 == 0 and i not in self.do_not_specialize:
-                    div.append(i)  # ints divisible by 16 are specialised too (strides, sizes)
-            elif isinstance(v, float):
-                sig[p.name] = "fp32"
-            else:
-                sig[p.name] = "constexpr"
-                consts[p.name] = v
-        key = (self.fn.__name__, tuple(sorted(sig.items())), tuple(sorted(consts.items())),
-               tuple(sorted(opts.items())), tuple(div))
-        calls.setdefault(key, (self, sig, consts, opts, div))
-
-    JITFunction.run = record
-    orig_dev = tuning.device_name
-    tuning.device_name = lambda device=None: "NVIDIA H200"
-    try:
-        model = _meta_model(config)
-        fd = FastDecoder(model, None)
-        for B in batches:
-            st = new_state(model.cfg, B, context + 64, device="meta", dtype=torch.bfloat16)
-            fd.step_for(B)(st)
-    finally:
-        JITFunction.run = real_run
-        tuning.device_name = orig_dev
-    return [calls[k] for k in sorted(calls, key=lambda k: k[0])]
-
-
-def compile_launch(fn, sig: dict, consts: dict, opts: dict, div: list, capability: int = 90):
-    """Compile one recorded launch for the GPU ``capability`` (no GPU needed)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    options = {k: v for k, v in opts.items() if k in ("num_warps", "num_stages", "launch_pdl")}
-    # the divisibility hints matter: without them Triton cannot use cp.async, does not
-    # pipeline the loads and reports far less shared memory than the GPU run will need
-    attrs = {(i,): [["tt.divisibility", 16]] for i in div}
-    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
-                          target=GPUTarget("cuda", capability, 32), options=options)
-
-
-def aot_check(config: str, batches: list[int], context: int = 1024) -> int:
-    """Run in a fresh process without TRITON_INTERPRET (kernels must be real JIT functions)."""
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        print("aot: unset TRITON_INTERPRET (the kernels must be compiled, not interpreted)")
-        return 2
-    calls = record_launches(config, batches, context)
-    bad = 0
-    log(f"{len(calls)} distinct Triton launches for {config} at batches {batches}; compiling for sm_90")
-    for fn, sig, consts, opts, div in calls:
-        label = f"{fn.__name__} " + ",".join(f"{k}={v}" for k, v in consts.items() if k.isupper()) + f" {opts}"
-        try:
-            smem = compile_launch(fn, sig, consts, opts, div).metadata.shared
-            flag = "OK  " if smem <= 227 * 1024 else "SMEM"
-            bad += flag != "OK  "
-            print(f"{flag} {smem:>7d} B smem  {label}")
-        except Exception as exc:
-            bad += 1
-            print(f"FAIL {label}\n     {type(exc).__name__}: {str(exc)[-800:]}")
-    print(f"aot: {len(calls)} launches, {bad} problems")
-    return 1 if bad else 0
 
 
 def render(res: dict, bw: float) -> str:
@@ -539,11 +356,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ktime-budget", type=float, default=60.0,
                     help="seconds from the start by which the per-kernel timings stop")
     ap.add_argument("--out", default=os.environ.get("OUT", "gpu_bench_out"))
-    ap.add_argument("--aot", action="store_true", help="CPU pre-flight: compile every launch for sm_90")
-    ap.add_argument("--config", default="mini")
     a = ap.parse_args(argv)
-    if a.aot:
-        return aot_check(a.config, [int(b) for b in a.batches.split(",")])
     if not torch.cuda.is_available():
         print("gpu_bench: no CUDA device here (this script measures the H200 fast path); nothing to do")
         return 2

@@ -1,13 +1,13 @@
 """Sweep the attention decode kernels' configurations at K3-mini's shapes (GPU only).
 
-    python3 scripts/gpu_attn_sweep.py [--batches 1,8,32,64] [--contexts 1024,32768]
+    python3 -m lab.gpu_attn_sweep [--batches 1,8,32,64] [--contexts 1024,32768]
                                       [--kda-baseline PATH] [--budget 200]
 
 MLA decode (32 heads, latent 512): the split kernel's two layouts (heads or positions as the
 MMA's M dimension), tile lengths, warps, stages and split counts, per batch and context.
 KDA decode (32 heads, 128 x 128 fp32 state): V-tile widths; ``--kda-baseline`` names a copy of
 another kda_decode.py (e.g. a candidate change) to time beside the current one. Each config is timed with
-gpu_bench.time_kernel (20 calls in one CUDA graph, median of 3 replays) and checked against
+fastpath.measure.graph_time (20 calls in one CUDA graph, median of 3 replays) and checked against
 the current default config's output (max |diff|). Prints µs and effective TB/s (bytes that must
 move: latent cache / state read + written); writes $OUT/attn_sweep.json. The data for the
 tuning table; nothing here changes it.
@@ -22,10 +22,10 @@ import time
 
 import torch
 
-from optimized_model.k3.fast.gpu_bench import time_kernel
+from fastpath.measure import graph_time, stopwatch_log
+from lab.sweep_util import load_module
 from optimized_model.k3.fast.kernels import kda_decode as KDA
 from optimized_model.k3.fast.kernels import mla_decode as MLA
-from sweep_util import load_module, stopwatch_log
 
 MLA_CONFIGS = [
     ("head16_bt32", dict(layout="head_major", block_h=16)),
@@ -69,7 +69,7 @@ def sweep_mla(batches, contexts, deadline, log) -> list[dict]:
                 out = torch.empty_like(ref)
                 fn = lambda: MLA.mla_decode(**base, out=out, **cfg)  # noqa: E731
                 try:
-                    us = time_kernel(fn) * 1e6
+                    us = graph_time(fn) * 1e6
                 except Exception as exc:  # a config that does not compile: record, go on
                     log(f"mla B={B:3d} T={T:6d} {name:20s} FAILED {type(exc).__name__}: {str(exc)[:160]}")
                     continue
@@ -104,7 +104,7 @@ def sweep_kda(batches, baseline, deadline, log) -> list[dict]:
                                              "dt_bias", "state", "norm_weight")]
                 out = torch.empty_like(ref)
                 fn = lambda: mod.kda_decode(*pos, **args, **cfg, out=out)  # noqa: E731
-                us = time_kernel(fn) * 1e6
+                us = graph_time(fn) * 1e6
                 err = _maxdiff(check, ref)
                 rows.append(dict(kernel="kda", batch=B, config=prefix + name, us=us,
                                  tbps=nbytes / us / 1e6, maxdiff=err))

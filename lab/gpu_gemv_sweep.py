@@ -1,10 +1,10 @@
 """Sweep GEMV configurations over the decode step's real projection shapes (GPU only).
 
-    python3 scripts/gpu_gemv_sweep.py [--batches 1,64] [--budget 150]
+    python3 -m lab.gpu_gemv_sweep [--batches 1,64] [--budget 150]
 
 For each call site of the K3-mini (mini) step — its N, K, prologue and epilogue — and each
 batch, times the tuning table's config and a set of candidates (one CUDA graph of 20 calls,
-median of 3 replays; gpu_bench.time_kernel) and, for plain projections at batch ≤ 2, the CuTe DSL
+median of 3 replays; fastpath.measure.graph_time) and, for plain projections at batch ≤ 2, the CuTe DSL
 GEMV. Prints µs and TB/s per (site, batch, candidate) and the best; writes $OUT/gemv_sweep.json.
 The data for the tuning table; nothing here changes it.
 """
@@ -18,8 +18,8 @@ import time
 
 import torch
 
+from fastpath.measure import graph_time
 from optimized_model.k3.fast import tuning
-from optimized_model.k3.fast.gpu_bench import time_kernel
 from optimized_model.k3.fast.kernels import gemv as G
 
 # site: (N, K, epilogue, norm prologue, x slots, fp32 out[, SwiGLU prologue]); mini config,
@@ -108,7 +108,7 @@ def main() -> None:
             for label, cfg in cands:
                 scratch = G.GemvScratch(M, N, int(cfg.get("SPLIT_K", 1)), epi == "swiglu", dev)
                 try:
-                    t = time_kernel(lambda: G.gemv(x, w, out=y, epilogue=epi, config=cfg, scratch=scratch, **kw))
+                    t = graph_time(lambda: G.gemv(x, w, out=y, epilogue=epi, config=cfg, scratch=scratch, **kw))
                 except Exception as exc:  # a candidate that does not compile/fit: data too
                     print(f"{site:11s} M={M:3d} {label:16s} error {type(exc).__name__}: {str(exc)[:120]}", flush=True)
                     continue
@@ -122,7 +122,7 @@ def main() -> None:
             # the ceiling: cuBLAS on the same weight bytes (plain x Wᵀ, no prologue or epilogue)
             xb = torch.randn(M, K, device=dev, dtype=bf)
             yb = torch.empty(M, rowsW, device=dev, dtype=bf)
-            t = time_kernel(lambda: torch.mm(xb, w.t(), out=yb))
+            t = graph_time(lambda: torch.mm(xb, w.t(), out=yb))
             rows.append({"site": site, "M": M, "N": N, "K": K, "cand": "cublas_plain", "us": t * 1e6,
                          "TBps": nbytes / t / 1e12, "count": COUNT[site]})
             print(f"{site:11s} M={M:3d} {'cublas_plain':16s} {t * 1e6:8.1f} us {nbytes / t / 1e12:5.2f} TB/s", flush=True)
@@ -130,7 +130,7 @@ def main() -> None:
                 try:
                     from optimized_model.k3.fast.kernels import cute_gemv
 
-                    t = time_kernel(lambda: cute_gemv.gemv(x, w, out=y))
+                    t = graph_time(lambda: cute_gemv.gemv(x, w, out=y))
                     r = {"site": site, "M": M, "N": N, "K": K, "cand": "cute", "us": t * 1e6,
                          "TBps": nbytes / t / 1e12, "count": COUNT[site]}
                     rows.append(r)

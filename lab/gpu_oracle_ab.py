@@ -1,6 +1,6 @@
 """Tuning-table variants of the fast path against the fp32 oracle (GPU only).
 
-    python3 scripts/gpu_oracle_ab.py --batches 1,2,4 --context 1024 --steps 8 \\
+    python3 -m lab.gpu_oracle_ab --batches 1,2,4 --context 1024 --steps 8 \\
         --variant 'triton={"gemv": {"variant": "triton"}}' --variant 'cute={"gemv": {"variant": "cute"}}'
 
 A speed A/B (gpu_table_ab.py) says which variant is faster; this says whether it computes as
@@ -18,14 +18,13 @@ parity suite.
 from __future__ import annotations
 
 import argparse
-import copy
 
 import torch
 
+from fastpath.measure import parse_variant, patched, stopwatch_log
+from lab.sweep_util import compare_logits, decode_teacher_forced, teacher_forced_inputs
 from optimized_model.k3.fast import dispatch, tuning
 from optimized_model.k3.model import K3Model
-from sweep_util import (apply_patch, compare_logits, decode_teacher_forced, parse_variant,
-                        stopwatch_log, teacher_forced_inputs)
 
 
 def main() -> int:
@@ -42,7 +41,6 @@ def main() -> int:
     variants = [parse_variant(v) for v in args.variant] or [("table", {})]
     log = stopwatch_log()
     table = tuning.table_for("cuda")
-    base = copy.deepcopy(table["kernels"])
     model = K3Model.build("mini", device="cuda", dtype=torch.bfloat16, seed=0)
     oracle = K3Model.build("mini", device="cuda", dtype=torch.float32, seed=0, oracle=True,
                            round_dtype=torch.bfloat16)
@@ -62,11 +60,8 @@ def main() -> int:
             log(f"B={B} ctx {args.context} {'standard':10s} vs oracle: max|d| {m['max_diff']:.4f} "
                 f"mean|d| {m['mean_diff']:.5f} top1 {m['top1']:.3f} KL {m['kl']:.2e}")
         for name, patch in variants:
-            apply_patch(table, base, patch, B)
-            try:
+            with patched(table, patch, B):
                 out[name] = decode_teacher_forced(fd, tokens, start)
-            finally:
-                table["kernels"] = copy.deepcopy(base)
             m = compare_logits(out[name], ref)
             log(f"B={B} ctx {args.context} {name:10s} vs oracle: max|d| {m['max_diff']:.4f} "
                 f"mean|d| {m['mean_diff']:.5f} top1 {m['top1']:.3f} KL {m['kl']:.2e} "

@@ -1,7 +1,7 @@
 """GPU check of K3-mini's standard path on the H200 (run by the lead; < 4 minutes).
 
-    python -m optimized_model.k3.gpu_check              # writes $OUT/k3_gpu_check.json if $OUT is set
-    python -m optimized_model.k3.gpu_check --paths standard,fast
+    python3 -m lab.gpu_check              # writes $OUT/k3_gpu_check.json if $OUT is set
+    python3 -m lab.gpu_check --paths standard,fast
 
 Needs torch with CUDA and fla-core 0.6.0 (on the test machine it travels as a wheel:
 ``../shared/gpu/carry-wheels fla-core==0.6.0 ...``). Steps, each timed and printed as it ends:
@@ -27,9 +27,9 @@ import time
 
 import torch
 
+from fastpath.measure import stopwatch_log
 
-def log(msg: str) -> None:
-    print(msg, flush=True)
+log = stopwatch_log()
 
 
 def _err(a: torch.Tensor, b: torch.Tensor) -> dict:
@@ -42,7 +42,7 @@ def check_kernels(dev: str) -> dict:
     from fla.ops.kda import chunk_kda
     from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
 
-    from .kda import kda_chunked, kda_recurrent, kda_step_
+    from optimized_model.k3.kda import kda_chunked, kda_recurrent, kda_step_
 
     g = torch.Generator(device=dev).manual_seed(0)
     B, T, H, K = 2, 300, 4, 128
@@ -70,9 +70,9 @@ def check_kernels(dev: str) -> dict:
 
 
 def check_small_model(dev: str) -> dict:
-    from .config import get_config
-    from .model import K3Model
-    from .runner import K3Runner
+    from optimized_model.k3.config import get_config
+    from optimized_model.k3.model import K3Model
+    from optimized_model.k3.runner import K3Runner
 
     cfg = get_config("mini", n_layers=4, n_experts=16, top_k=4, dense_inter=4096)
     std = K3Model.build(cfg, device=dev, dtype=torch.bfloat16, seed=0)
@@ -111,9 +111,9 @@ def check_small_model(dev: str) -> dict:
 
 
 def check_mini(engine) -> dict:
-    from .config import param_counts
-    from .model import K3Model
-    from .runner import K3Runner
+    from optimized_model.k3.config import param_counts
+    from optimized_model.k3.model import K3Model
+    from optimized_model.k3.runner import K3Runner
 
     t = time.time()
     m = engine._model(oracle=False)
@@ -170,8 +170,8 @@ def main(argv=None) -> int:
     except Exception as exc:
         log(f"fla-core is not importable ({exc}); carry it: ../shared/gpu/carry-wheels fla-core==0.6.0")
         return 2
-    from .bench_decode import bench, format_table
-    from .engine import EmbeddedEngine
+    from lab.bench_decode import bench, format_table
+    from optimized_model.k3.engine import EmbeddedEngine
 
     dev = "cuda"
     report: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
@@ -183,7 +183,7 @@ def main(argv=None) -> int:
         except Exception as exc:  # keep going: report what failed
             report[name] = {"error": f"{type(exc).__name__}: {exc}"}
         report[name + "_s"] = time.time() - t
-        log(f"[{time.time() - t0:6.1f}s] {name}: {json.dumps(report[name], default=str)}")
+        log(f"{name}: {json.dumps(report[name], default=str)}")
 
     step("kernels", lambda: check_kernels(dev))
     step("small_model", lambda: check_small_model(dev))

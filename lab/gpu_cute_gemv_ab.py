@@ -1,6 +1,6 @@
 """The CuTe DSL GEMV against the Triton GEMV as the H200 table configures it, and cuBLAS (GPU only).
 
-    python3 scripts/gpu_cute_gemv_ab.py [--shapes 4096x4096,6144x4096] [--l2-mb 50]
+    python3 -m lab.gpu_cute_gemv_ab [--shapes 4096x4096,6144x4096] [--l2-mb 50]
 
 y = x Wᵀ in bf16 at M = 1 and 2 (the CuTe kernel's scope, kernels/cute_gemv.py) on K3-mini's
 plain projection shapes. Every call reads its weight from HBM: enough weight copies are rotated
@@ -20,11 +20,10 @@ import os
 
 import torch
 
+from fastpath.measure import graph_time, stopwatch_log
 from optimized_model.k3.fast import tuning
-from optimized_model.k3.fast.gpu_bench import time_kernel
 from optimized_model.k3.fast.kernels import cute_gemv
 from optimized_model.k3.fast.kernels import gemv as G
-from sweep_util import stopwatch_log
 
 CUTE_SHAPES = [(4, 2), (4, 4), (8, 2), (8, 4), (2, 4)]  # (warps, rows per warp); (4, 2) = default
 
@@ -72,7 +71,7 @@ def main() -> int:
                     fn(ws[0], ys[0])
                     torch.cuda.synchronize()
                     diff = float((ys[0].float() - ref).abs().max())
-                    us = time_kernel(lambda: [fn(w, y) for w, y in zip(ws, ys)]) * 1e6 / copies
+                    us = graph_time(lambda: [fn(w, y) for w, y in zip(ws, ys)]) * 1e6 / copies
                 except Exception as exc:  # a CTA shape that does not build: record it, go on
                     log(f"M{M} {N}x{K} {name:24s} FAILED {type(exc).__name__}: {str(exc)[:160]}")
                     rows.append(dict(M=M, N=N, K=K, name=name, error=f"{type(exc).__name__}: {exc}"))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs named GPU steps back to back on the lent H200, each under its own time limit, logging
 # every step to $OUT/<step>.log so one failure never loses the others' output.
-#   bash scripts/gpu_steps.sh STEP:SECONDS:COMMAND [STEP:SECONDS:COMMAND ...]
+#   bash lab/gpu_steps.sh STEP:SECONDS:COMMAND [STEP:SECONDS:COMMAND ...]
 # Expects the carried site packages (~/carry/env.sh) and the extra wheels in .whl/.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

@@ -1,0 +1,163 @@
+"""CPU pre-flight of the fast step: every distinct Triton launch compiled ahead of time for sm_90.
+
+    python3 -m lab.aot [--config mini] [--batches 1,2,4,8,16,32,64]
+
+Runs the fast decoder of the real config on "meta" tensors with every Triton launch intercepted,
+then compiles each distinct launch for sm_90 (Triton + ptxas) and reports compile errors and
+shared-memory use over the H200's 227 KB. Catches what the interpreter cannot; no GPU needed.
+``record_launches`` and ``compile_launch`` also serve lab/ptx_diff.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+from fastpath.measure import stopwatch_log
+
+log = stopwatch_log()
+
+_TT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "i32",
+       torch.int64: "i64", torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1"}
+
+
+def _meta_model(config: str):
+    """A K3Model of ``config`` whose weights are meta tensors (shapes only, no memory)."""
+    import types
+
+    from optimized_model.k3 import weights as W
+    from optimized_model.k3.model import K3Model
+    from optimized_model.k3.config import get_config
+
+    real = W.torch
+    shim = types.SimpleNamespace(**{k: getattr(real, k) for k in dir(real) if not k.startswith("__")})
+
+    class _Gen:
+        def __init__(self, *a, **k):
+            pass
+
+        def manual_seed(self, *_):
+            return self
+
+    def _meta(*shape, **kw):
+        return real.empty(*shape, dtype=kw.get("dtype") or real.float32, device="meta")
+
+    shim.Generator, shim.randn, shim.rand = _Gen, _meta, _meta
+    shim.ones = lambda n, **kw: real.empty(n, device="meta")
+    W.torch = shim
+    try:
+        cfg = get_config(config)
+        w = W.init_weights(cfg, device="meta", dtype=torch.bfloat16)
+    finally:
+        W.torch = real
+    return K3Model(cfg, w)
+
+
+def record_launches(config: str, batches: list[int], context: int = 1024) -> list[tuple]:
+    """Every distinct Triton launch of the fast step of ``config`` at ``batches``, recorded on
+    the CPU (meta tensors; tuning table of the H200; nothing runs): a list of (JIT function,
+    signature, constexprs, launch options, 16-divisible argument indices), sorted by name."""
+    from triton.runtime.jit import JITFunction
+
+    from optimized_model.k3.fast import tuning
+    from optimized_model.k3.fast.runtime import FastDecoder
+    from optimized_model.k3.state import new_state
+
+    calls: dict = {}
+    real_run = JITFunction.run
+
+    def record(self, *args, grid, warmup, **kwargs):
+        names = self.arg_names
+        bound = dict(zip(names, args))
+        bound.update({k: v for k, v in kwargs.items() if k in names})
+        opts = {k: v for k, v in kwargs.items() if k not in names}
+        sig, consts, div = {}, {}, []
+        for i, p in enumerate(self.params):
+            v = bound.get(p.name, p.default)
+            if p.is_constexpr:
+                sig[p.name], consts[p.name] = "constexpr", v
+            elif isinstance(v, torch.Tensor):
+                sig[p.name] = "*" + _TT[v.dtype]
+                # like the JIT's specialisation: 16-byte aligned pointers (meta tensors: the
+                # allocator's alignment; views at an offset keep it only if the offset does)
+                if (v.storage_offset() * v.element_size()) % 16 == 0 and i not in self.do_not_specialize:
+                    div.append(i)
+            elif isinstance(v, bool):
+                sig[p.name] = "i1"
+            elif isinstance(v, int):
+                sig[p.name] = "i64" if abs(v) >= 2 ** 31 else "i32"
+                if v % 16 == 0 and i not in self.do_not_specialize:
+                    div.append(i)  # ints divisible by 16 are specialised too (strides, sizes)
+            elif isinstance(v, float):
+                sig[p.name] = "fp32"
+            else:
+                sig[p.name] = "constexpr"
+                consts[p.name] = v
+        key = (self.fn.__name__, tuple(sorted(sig.items())), tuple(sorted(consts.items())),
+               tuple(sorted(opts.items())), tuple(div))
+        calls.setdefault(key, (self, sig, consts, opts, div))
+
+    JITFunction.run = record
+    orig_dev = tuning.device_name
+    tuning.device_name = lambda device=None: "NVIDIA H200"
+    try:
+        model = _meta_model(config)
+        fd = FastDecoder(model, None)
+        for B in batches:
+            st = new_state(model.cfg, B, context + 64, device="meta", dtype=torch.bfloat16)
+            fd.step_for(B)(st)
+    finally:
+        JITFunction.run = real_run
+        tuning.device_name = orig_dev
+    return [calls[k] for k in sorted(calls, key=lambda k: k[0])]
+
+
+def compile_launch(fn, sig: dict, consts: dict, opts: dict, div: list, capability: int = 90):
+    """Compile one recorded launch for the GPU ``capability`` (no GPU needed)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    options = {k: v for k, v in opts.items() if k in ("num_warps", "num_stages", "launch_pdl")}
+    # the divisibility hints matter: without them Triton cannot use cp.async, does not
+    # pipeline the loads and reports far less shared memory than the GPU run will need
+    attrs = {(i,): [["tt.divisibility", 16]] for i in div}
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                          target=GPUTarget("cuda", capability, 32), options=options)
+
+
+def aot_check(config: str, batches: list[int], context: int = 1024) -> int:
+    """Run in a fresh process without TRITON_INTERPRET (kernels must be real JIT functions)."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print("aot: unset TRITON_INTERPRET (the kernels must be compiled, not interpreted)")
+        return 2
+    calls = record_launches(config, batches, context)
+    bad = 0
+    log(f"{len(calls)} distinct Triton launches for {config} at batches {batches}; compiling for sm_90")
+    for fn, sig, consts, opts, div in calls:
+        label = f"{fn.__name__} " + ",".join(f"{k}={v}" for k, v in consts.items() if k.isupper()) + f" {opts}"
+        try:
+            smem = compile_launch(fn, sig, consts, opts, div).metadata.shared
+            flag = "OK  " if smem <= 227 * 1024 else "SMEM"
+            bad += flag != "OK  "
+            print(f"{flag} {smem:>7d} B smem  {label}")
+        except Exception as exc:
+            bad += 1
+            print(f"FAIL {label}\n     {type(exc).__name__}: {str(exc)[-800:]}")
+    print(f"aot: {len(calls)} launches, {bad} problems")
+    return 1 if bad else 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="mini")
+    ap.add_argument("--batches", default="1,2,4,8,16,32,64")
+    a = ap.parse_args(argv)
+    return aot_check(a.config, [int(b) for b in a.batches.split(",")])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
