@@ -24,14 +24,12 @@ from typing import Any, Callable
 import pandas as pd
 
 from fastpath.bundle import ATTESTED, ENVELOPE, MANIFEST, ROWS, STATEMENT, UNLISTED, build_manifest, canonical_tar_digest
-from fastpath.digest import PARTS, SourceDigestError, attested_parts, sha256_file, stale_parts, tree_digest
+from fastpath.digest import PART_LABELS, PARTS, SourceDigestError, attested_parts, sha256_file, stale_parts, tree_digest
 from fastpath.safe_tar import Limits, UnsafeBundle, check_name, open_bundle, tar_stream_digest
 from fastpath.signing import PREDICATE_TYPE, SUBJECT_PREFIX, SignatureError, keyid, parse_public_key, verify_envelope_keys
 
 TIERS = ("smoke", "full")  # ascending strength
 FRESHNESS = ("enforce", "warn")
-PART_LABELS = {"fast_path": "fast-path sources", "validation": "validation sources", "subject": "subject",
-               "spec": "spec"}
 
 
 class Fail(Exception):

@@ -85,6 +85,8 @@ def source_digest(repo_root: Path, globs: list[str]) -> dict:
 
 
 PARTS = ("fast_path", "validation", "subject", "spec")
+PART_LABELS = {"fast_path": "fast-path sources", "validation": "validation sources", "subject": "subject",
+               "spec": "spec"}
 DEFAULT_VALIDATION_GLOBS = ("suites/**/*.py", "fastpath/**/*.py")
 GATES_ENTRY = "[gates]"
 VERSION_ENTRY = "fastpath-version"

@@ -285,7 +285,7 @@ def _part_digests(attested: dict) -> dict[str, str]:
 
 def _check_sources_unchanged(info: dict, attested: dict, run_dir: Path) -> None:
     """The bundle attests one tree: every suite of a run must have tested that code."""
-    from fastpath.check import PART_LABELS
+    from fastpath.digest import PART_LABELS
 
     started = info.get("attested") or {}
     now = _part_digests(attested)

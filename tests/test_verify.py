@@ -192,3 +192,26 @@ def test_cli_keygen_sign_refuses_incomplete_and_check_rejects(tmp_path):
     result = runner.invoke(app, [*args, "--trust", str(tmp_path / "none.toml")])
     assert result.exit_code == 1
     assert json.loads(result.output)["passed"] is False
+
+
+def test_unsigned_run_needs_no_cryptography(tmp_path):
+    """The GPU machine has no `cryptography`: a run without --key (signed later, elsewhere) must
+    never import it, also on the resume path that compares attested digests."""
+    import subprocess
+    import sys
+
+    spec = make_project(tmp_path / "p")
+    code = (
+        "import sys, importlib.abc\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'cryptography' or name.startswith('cryptography.'):\n"
+        "            raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from fastpath.cli import app\n"
+        f"app(['verify', {str(spec)!r}, '--tier', 'smoke', '--out', {str(tmp_path / 'run')!r},"
+        f" '--suites-dir', {str(SUITES)!r}])\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), str(DOUBLES.parent)])}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "blocked" not in proc.stderr
