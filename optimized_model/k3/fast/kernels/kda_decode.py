@@ -139,7 +139,7 @@ def kda_decode_fused_kernel(
             w_g = tl.load(GB + chan_v[:, None] * sgb + rr[None, :], mask=mv[:, None] & mr[None, :], other=0.0)
     # Nothing else is loaded before the wait: loading the state tile early (under PDL only) made
     # the compiler order the delta rule's arithmetic differently, and the step's numbers then
-    # depended on the launch mode (perf notes, run L); scripts/ptx_diff.py --pdl checks it.
+    # depended on the launch mode (perf notes, run L); lab/ptx_diff.py --pdl checks it.
     pdl_enter(PDL)
     if LOWRANK and not EARLY_W:
         w_f = tl.load(FB + chan_k[:, None] * sfb + rr[None, :], mask=mk[:, None] & mr[None, :], other=0.0)

@@ -19,7 +19,7 @@ Kernels:
 * ``mla_decode_split_kvmajor_kernel``, same grid and outputs, with the positions as the MMA's M
   dimension (scoresᵀ = c qᵀ [BT, BH], outᵀ += cᵀ pᵀ [D, BH]): with K3-mini's 32 heads the
   head-major dots have M = 32, too small for Hopper's warpgroup MMA; on the H200 this layout
-  reads the latent cache at 2.8 TB/s vs 1.7 (scripts/gpu_attn_sweep.py, batch 64 x 32k);
+  reads the latent cache at 2.8 TB/s vs 1.7 (lab/gpu_attn_sweep.py, batch 64 x 32k);
 * ``mla_decode_combine_kernel``, grid (B, H, programs per head): merges the NS partials with
   weights exp(lse_s - max lse).
 
@@ -296,7 +296,7 @@ def mla_decode(
     BT = block_t or (64 if kv_major or BD < 256 else 32)
     # at least two tiles per kv-major split: with one (a loop of one trip) the kv-major kernel
     # gave wrong outputs on the H200 (Triton 3.6, sm_90; right under the interpreter) — seen in
-    # scripts/gpu_attn_sweep.py at context 1024 with BT 128 or 16 splits
+    # lab/gpu_attn_sweep.py at context 1024 with BT 128 or 16 splits
     NS, split_len = split_plan(B, HB, T, BT, sm_count=_sm_count(q.device), min_chunk=min_chunk,
                                max_splits=max_splits, waves=waves, min_tiles=2 if kv_major else 1,
                                num_splits=num_splits)

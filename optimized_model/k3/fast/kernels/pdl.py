@@ -13,7 +13,7 @@ every fast kernel that takes ``PDL``:
   stream can be writing: weights (the GEMV's first W tile). It stores nothing before it, and
   what it computes must not depend on the mode: a kernel's PDL and non-PDL builds differ only
   by the two instructions (KDA decode once loaded its state early under PDL, and its arithmetic
-  compiled differently — scripts/gpu_pdl_check.py showed it; perf notes, run L).
+  compiled differently — lab/gpu_pdl_check.py showed it; perf notes, run L).
 
 Launches made inside ``scope(True)`` carry the PDL launch attribute (``launch_kwargs()``) and
 compile the kernels with ``PDL=True`` (``enabled()``) — every launch passes both at once,
