@@ -188,6 +188,10 @@ class K3Runner:
         del scratch
         if self._mempool is None:
             self._mempool = torch.cuda.graph_pool_handle()
+            # the first graph of the shared pool is kept alive with the runner: once every graph
+            # of a pool is freed, PyTorch frees the pool, and capturing into its handle again
+            # trips an allocator assert (seen on the H200 when a benchmark step's graph was dropped)
+            self._pool_anchor = None
         graph = torch.cuda.CUDAGraph()
         saved = state.max_len
         with torch.cuda.graph(graph, pool=self._mempool):
@@ -195,6 +199,8 @@ class K3Runner:
                 state.lengths.copy_(lengths_base)
             logits = self.model.decode(static_tokens, state)
         state.max_len = saved
+        if self._pool_anchor is None:
+            self._pool_anchor = graph
         return _Graph(graph, static_tokens, logits)
 
     # -- benchmark steps ---------------------------------------------------------------------------
