@@ -191,3 +191,19 @@ def test_oracle_path_is_fp32_and_close(engine, std):
     assert orc.path == "oracle" and orc.model.dtype == torch.float32 and orc.model.kda_backend == "torch"
     seq = [[256] + list(b"oracle parity check")]
     torch.testing.assert_close(orc.score(seq)[0], std.score(seq)[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+def test_graph_pool_survives_dropped_benchmark_steps():
+    """A benchmark step's CUDA graph is dropped with its callable; capturing another step into
+    the runner's shared pool afterwards must still work (on the H200 it hit PyTorch's allocator
+    assert `use_count > 0` once every graph of the pool had been freed)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU: CUDA-graph pools exist only there")
+    eng = create_engine("embedded", config="tiny", device="cuda", dtype="float32")
+    model = eng.load("standard")
+    for context in (16, 40, 64):
+        step = model.decode_step(1, context)
+        step()
+        del step
+        torch.cuda.synchronize()
