@@ -63,6 +63,8 @@ SETS = {
         "patches": HERE / "patches",
         "allowed": "optimized_model/k3/fast/",
         "probe": "optimized_model",
+        # the spec's [sources] validation globs attest these: the copy must hold them too
+        "attested_dirs": [REPO / "suites", REPO / "fastpath"],
     },
     "double": {
         "package": REPO / "tests" / "doubles" / "tiny_lm",
@@ -167,6 +169,8 @@ def make_copy(set_cfg: dict, workdir: Path) -> Path:
     root = workdir / "src"
     src: Path = set_cfg["package"]
     shutil.copytree(src, root / src.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for extra in set_cfg.get("attested_dirs", []):
+        shutil.copytree(extra, root / extra.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     if GATE_OVERRIDES:
         spec = root / set_cfg["spec"]
         text = spec.read_text()
