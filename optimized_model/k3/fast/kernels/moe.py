@@ -1,5 +1,8 @@
 """Latent MoE kernels of the fast path (components ``moe_router`` and ``moe_experts``).
 
+Over 500 lines on purpose: the four kernels, their launchers, their references and their
+kernels-suite entries share one (token, slot) pair layout, and one file keeps them in step.
+
 * ``fp_moe_router_kernel`` — grid (expert blocks, token blocks): each program computes the fp32
   router logits of BLOCK_M tokens x BLOCK_E experts (RMSNorm of x in the prologue — the ffn norm,
   in wide chunks — the normed x rounded to the working dtype like the standard path, fp32 weight), stores them to a workspace and
