@@ -12,13 +12,19 @@ the fast path's largest batch. The sequences are scored in a ladder of in-scope 
 each bucket's positions run through several of the fast path's batch buckets; the evidence
 carries the three agreements per batch size (``top1_by_batch``).
 
-parity_top1_agreement  top-1(fast) == top-1(standard) rate >= threshold, where the noise floor is
-                       a_so = top-1 agreement of standard vs oracle in the same run, and
+parity_top1_agreement  the fast path must be as close to the fp32 oracle as the standard path is:
+                       a_fo = top-1(fast) == top-1(oracle) rate, a_so = the same for the
+                       standard path (the noise floor), on the same positions;
                        threshold = min_agreement                 if a_so >= min_agreement
                                  = a_so - margin                  otherwise,
-                       margin = 2 * sqrt(max(a_so (1 - a_so), 1/n) / n) (two binomial standard
-                       errors of the floor at n positions; at least 2/n): a fast path as close to
-                       the standard path as the standard path is to fp32 must pass.
+                       margin = 2 * sqrt(max(d, 1)) / n, d = positions where exactly one of the two
+                       paths agrees with the oracle (two standard errors of the paired difference
+                       a_fo - a_so under "no difference"; at least 2/n). Judged against the oracle,
+                       not the standard path: two correct bf16 paths each flip ~2 % of a flat
+                       model's top-1 tokens, mostly at different positions, so their agreement
+                       with each other sits near 1 - 2 (1 - a_so) and would fail an honest fast
+                       path (seen on the H200: a_fs 0.9653 vs a_so 0.9756 while a_fo was 0.9766).
+                       a_fs is still recorded in every row's evidence.
 parity_kl              mean KL(standard || fast) <= factor * mean KL(oracle || standard) + slack.
 
 Both rows also require that the fast path actually ran during the fast scoring (trace): a
@@ -40,14 +46,7 @@ from fastpath.engine import GenerationRequest
 H = suite_helpers
 
 
-def agreement_threshold(floor: float, n: int, min_agreement: float) -> tuple[float, float]:
-    """(threshold, margin) of the rule in the module docstring."""
-    if n <= 0 or math.isnan(floor):
-        return min_agreement, 0.0
-    margin = 2.0 * math.sqrt(max(floor * (1.0 - floor), 1.0 / n) / n)
-    if floor >= min_agreement:
-        return min_agreement, margin
-    return floor - margin, margin
+agreement_threshold = H.oracle_agreement_threshold  # the rule above; shared with features
 
 
 def plan_sequences(context: int, tokens: int, max_batch: int,
@@ -144,6 +143,7 @@ def bucket_compare(fp_models, context: int, tokens: int, batch_sizes: list[int],
         "top1_fast_standard": stats.top1_agreement(lf, ls),
         "top1_standard_oracle": stats.top1_agreement(ls, lo),
         "top1_fast_oracle": stats.top1_agreement(lf, lo),
+        "oracle_discordant": H.oracle_discordant(lf, ls, lo),
         "kl_standard_fast": float(np.mean(stats.kl_divergence(ls, lf))),
         "kl_oracle_standard": float(np.mean(stats.kl_divergence(lo, ls))),
         "kl_oracle_fast": float(np.mean(stats.kl_divergence(lo, lf))),
@@ -169,11 +169,12 @@ def test_parity(case, fp_models, fp_gate, fp_spec, fp_tier, record):
     g1 = fp_gate("parity_top1_agreement")
     gk = fp_gate("parity_kl")
     min_agree = float(g1.get("min_agreement", 0.99))
-    thr, margin = agreement_threshold(m["top1_standard_oracle"], m["n_positions"], min_agree)
+    thr, margin = agreement_threshold(m["top1_standard_oracle"], m["n_positions"], min_agree,
+                                      m["oracle_discordant"])
     fired = m["fast_engaged_events"] > 0
     base = {"context": context, "draft": int(cfg.get("draft", 0)), "dtype": cfg.get("dtype"), "path": "fast"}
     ev = H.jsonable(m)
-    value = m["top1_fast_standard"]
+    value = m["top1_fast_oracle"]
     ok = fired and m["n_positions"] >= tokens and value >= thr
     msg = ""
     if not fired:
@@ -181,12 +182,14 @@ def test_parity(case, fp_models, fp_gate, fp_spec, fp_tier, record):
     elif m["n_positions"] < tokens:
         msg = f"only {m['n_positions']} positions scored (< {tokens}): generation stopped early"
     elif not ok:
-        msg = (f"top-1 agreement fast vs standard {value:.4f} < {thr:.4f} (floor standard vs oracle "
-               f"{m['top1_standard_oracle']:.4f}, min_agreement {min_agree})")
-    record("parity_top1_agreement", "top1_agreement", value, threshold=thr, comparator=">=", passed=ok,
+        msg = (f"top-1 agreement fast vs oracle {value:.4f} < {thr:.4f} (floor standard vs oracle "
+               f"{m['top1_standard_oracle']:.4f} - margin {margin:.4f} over {m['oracle_discordant']} discordant "
+               f"of {m['n_positions']} positions; min_agreement {min_agree})")
+    record("parity_top1_agreement", "top1_agreement_vs_oracle", value, threshold=thr, comparator=">=", passed=ok,
            detail={"floor": m["top1_standard_oracle"], "margin": margin, "min_agreement": min_agree,
-                   "rule": "min_agreement if floor >= min_agreement else floor - margin",
-                   "n_positions": m["n_positions"]},
+                   "rule": "fast vs oracle >= (min_agreement if floor >= min_agreement else floor - margin)",
+                   "n_positions": m["n_positions"], "discordant": m["oracle_discordant"],
+                   "fast_vs_standard": m["top1_fast_standard"]},
            evidence=ev, message=msg, **base)
     factor, slack = float(gk.get("factor", 4.0)), float(gk.get("slack", 1e-4))
     kthr = factor * m["kl_oracle_standard"] + slack

@@ -75,8 +75,8 @@ def test_smoke_shape_selection_keeps_edges_and_a_tail():
 
 def test_parity_threshold_rule():
     assert parity.agreement_threshold(1.0, 64, 0.99) == (0.99, pytest.approx(2 * math.sqrt(1 / 64 / 64)))
-    thr, margin = parity.agreement_threshold(0.95, 400, 0.99)
-    assert thr == pytest.approx(0.95 - 2 * math.sqrt(0.95 * 0.05 / 400)) and margin > 0
+    thr, margin = parity.agreement_threshold(0.95, 400, 0.99, discordant=25)
+    assert thr == pytest.approx(0.95 - 2 * 5 / 400) and margin == pytest.approx(0.025)
     n_seq, g = parity.plan_sequences(64, 64, 64)
     assert (n_seq, g) == (64, 1)
     n_seq, g = parity.plan_sequences(32768, 2048, 64)
@@ -136,6 +136,7 @@ def test_parity_bucket_reports_agreement_per_batch_size():
     assert by[2]["fast_standard"] == by[2]["fast_oracle"] == 0.0 and by[2]["standard_oracle"] == 1.0
     assert by[1]["fast_standard"] == 1.0
     assert m["top1_fast_standard"] == 0.5
+    assert m["oracle_discordant"] == 16  # the batch-2 rows: only the standard path matches the oracle
 
 
 def test_score_teacher_forced_calls_the_model_once_per_group():
