@@ -383,7 +383,7 @@ def _run_one_suite(suite: str, spec: Spec, plan: Plan, state: RunState, suites_d
             "--capture=sys", "-q", "-rfEs", "--tb=short", "--no-header",
             "--fastpath-spec", str(spec.path), "--fastpath-tier", plan.tier,
             "--fastpath-plan", str(state.root / "plan.json"), "--fastpath-rows", str(rows_path),
-            "--fastpath-suite", suite]
+            "--fastpath-suite", suite, "--fastpath-artifacts", str(state.root / "logs" / "artifacts")]
     hook = ProgressHook(rows_path, console, on_case)
     log_path = state.log_path(suite)
     log_path.parent.mkdir(parents=True, exist_ok=True)

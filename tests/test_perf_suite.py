@@ -1,0 +1,87 @@
+"""The perf suite (suites/test_perf.py) end to end on the CPU: K3-mini's tiny config through the
+embedded engine, one speedup case, the control and the summary; every row is `info` and says
+why it does not gate (the perf gate requires the full tier on supported hardware)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+REAL_SPEC = REPO / "optimized_model" / "k3" / "fastpath.toml"
+
+
+def perf_only_spec(tmp_path: Path) -> Path:
+    """The real spec with the perf gates only and a one-case smoke slice."""
+    text = REAL_SPEC.read_text()
+    head, _, gates = text.partition("[gates]\n")
+    head = head.replace("batch_sizes = [1, 2, 4]\ncontext_lengths = [16, 64]",
+                        "batch_sizes = [1, 2]\ncontext_lengths = [16]", 1)
+    assert "context_lengths = [16]" in head
+    perf_gates = gates[gates.index("[gates.perf_speedup]"):]
+    path = tmp_path / "fastpath.toml"
+    path.write_text(head + "[gates]\nversion = \"test\"\n\n" + perf_gates)
+    return path
+
+
+@pytest.fixture(scope="module")
+def perf_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("perf")
+    spec = perf_only_spec(tmp)
+    rows, artifacts = tmp / "rows.jsonl", tmp / "artifacts"
+    (tmp / "pytest.ini").write_text("[pytest]\n")
+    cmd = [sys.executable, "-m", "pytest", str(REPO / "suites" / "test_perf.py"), "-c", str(tmp / "pytest.ini"),
+           "--rootdir", str(REPO / "suites"), "-p", "fastpath.pytest_plugin", "-p", "no:cacheprovider",
+           "--import-mode=importlib", "-q", "--fastpath-spec", str(spec), "--fastpath-tier", "smoke",
+           "--fastpath-rows", str(rows), "--fastpath-suite", "perf", "--fastpath-artifacts", str(artifacts)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [json.loads(line) for line in rows.read_text().splitlines()], artifacts
+
+
+def test_every_case_has_rows_and_none_gates_on_cpu(perf_run):
+    rows, _ = perf_run
+    cases = {r["case_id"] for r in rows}
+    assert cases == {"perf/speedup/b1-c16-d0", "perf/speedup/b2-c16-d0", "perf/control/b1-c16-d0",
+                     "perf/summary/table"}
+    waived = [r for r in rows if r["case_id"] == "perf/speedup/b2-c16-d0"]
+    assert [r["status"] for r in waived] == ["waived"] and "smallest batch only" in waived[0]["message"]
+    measured = [r for r in rows if r["case_id"] != "perf/speedup/b2-c16-d0"]
+    assert measured and all(r["status"] == "info" for r in measured)
+    gate_rows = [r for r in measured if r["metric"] in ("speedup_ci_low", "control_speedup")]
+    assert len(gate_rows) == 2 and all("full tier" in r["message"] for r in gate_rows)
+
+
+def test_speedup_case_reports_paths_roofline_and_abba_order(perf_run):
+    rows, _ = perf_run
+    mine = [r for r in rows if r["case_id"] == "perf/speedup/b1-c16-d0"]
+    by = {(r["metric"], r["path"]): r for r in mine}
+    for path in ("standard", "fast"):
+        for metric in ("step_ms", "tokens_per_s", "setup_s", "mbu"):
+            assert (metric, path) in by, (metric, path)
+        assert by[("tokens_per_s", path)]["value"] == pytest.approx(1e3 / by[("step_ms", path)]["value"])
+    head = by[("speedup_ci_low", "fast")]
+    ev = json.loads(head["evidence"])
+    assert ev["order"] == "ABBA" * 2  # smoke_rounds = 2, what the timer saw
+    assert len(ev["standard_s"]) == len(ev["fast_s"]) == 2
+    assert ev["traffic"]["total"] == by[("bytes_per_step", None)]["value"]
+    assert json.loads(by[("experts_touched", None)]["detail"])["per_layer"]  # routed experts per MoE layer
+    mbu = by[("mbu", "fast")]["value"]
+    assert mbu == pytest.approx(ev["traffic"]["total"] / ev["bandwidth"] / (by[("step_ms", "fast")]["value"] / 1e3))
+
+
+def test_summary_table_is_a_row_and_an_artifact(perf_run):
+    rows, artifacts = perf_run
+    summary = next(r for r in rows if r["metric"] == "summary_cases")
+    assert summary["value"] == 1
+    text = (artifacts / "perf" / "summary.md").read_text()
+    assert "### context 16" in text and "| 1 |" in text and "control (standard vs standard)" in text
+    assert json.loads(summary["evidence"])["table"] == text
+    data = json.loads((artifacts / "perf" / "summary.json").read_text())
+    assert data["cases"][0]["batch"] == 1 and data["gated"] is False
