@@ -115,6 +115,9 @@ SCHEMA = Field("table", fields={
         "eager_rounds": Field("int", minimum=0),  # segments of standard_eager, reported beside
         "smoke_rounds": Field("int", minimum=1),  # CPU smoke tier: machinery only, not gated
         "smoke_replays": Field("int", minimum=1),
+        # seconds from the suite's first case after which the remaining speedup cases are error
+        # rows, not measured (0: no limit): a run that must fit one command still ends with its table
+        "budget_s": Field("number", minimum=0),
     }),
     "tiers": Field("map", required=True, keys=TIERS, values=Field("table", fields={
         "description": Field("str"),
@@ -134,7 +137,8 @@ SCHEMA = Field("table", fields={
 SCOPE_DEFAULTS = {"tensor_parallel": [1], "draft_lengths": [0], "dcp_sizes": [1], "fallbacks": {}}
 PERF_DEFAULTS = {"rounds": 10, "replays": 30, "warmup": 5, "min_speedup": 1.0, "max_extra_batches": 1,
                  "confidence": 0.95, "control_confidence": 0.999, "control_tolerance": 0.01,
-                 "n_resamples": 4000, "eager_rounds": 3, "smoke_rounds": 2, "smoke_replays": 1}
+                 "n_resamples": 4000, "eager_rounds": 3, "smoke_rounds": 2, "smoke_replays": 1,
+                 "budget_s": 0}
 FEATURE_DEFAULTS = {"temperature_sampling": False, "top_k": False, "top_p": False,
                     "structured_output": [], "speculative_decoding": False}
 

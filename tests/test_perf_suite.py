@@ -85,3 +85,67 @@ def test_summary_table_is_a_row_and_an_artifact(perf_run):
     assert json.loads(summary["evidence"])["table"] == text
     data = json.loads((artifacts / "perf" / "summary.json").read_text())
     assert data["cases"][0]["batch"] == 1 and data["gated"] is False
+
+
+def _perf_module():
+    import importlib.util
+    import warnings
+
+    spec = importlib.util.spec_from_file_location("_suite_perf", REPO / "suites" / "test_perf.py")
+    mod = importlib.util.module_from_spec(spec)
+    with warnings.catch_warnings():  # the fastpath mark is registered by the plugin, absent here
+        warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
+        spec.loader.exec_module(mod)
+    return mod
+
+
+class _Engine:
+    def __init__(self, device, arch):
+        self._info = {"device": device, "arch": arch, "device_name": "x"}
+
+    def info(self):
+        return self._info
+
+
+class _Tier:
+    def __init__(self, name):
+        self.name = name
+
+
+def test_gating_needs_the_full_tier_on_in_scope_hardware():
+    from fastpath.spec import load_spec
+
+    perf = _perf_module()
+    spec = load_spec(REAL_SPEC)
+    assert perf.gating(spec, _Tier("full"), _Engine("cuda", "sm_90")) == (True, "")
+    ok, why = perf.gating(spec, _Tier("full"), _Engine("cuda", "sm_80"))
+    assert not ok and "requires supported hardware (sm_90)" in why
+    ok, why = perf.gating(spec, _Tier("full"), _Engine("cpu", "cpu"))
+    assert not ok and "supported hardware" in why
+    ok, why = perf.gating(spec, _Tier("smoke"), _Engine("cuda", "sm_90"))
+    assert not ok and "full tier only" in why
+    # not gated: few rounds, no extra batch
+    s = perf.run_settings(spec, gated=False)
+    assert s["rounds"] == spec.perf["smoke_rounds"] and s["max_extra_batches"] == 0
+
+
+def test_cases_past_the_time_budget_are_error_rows_not_measured():
+    import time
+
+    from fastpath.spec import load_spec
+
+    perf = _perf_module()
+    spec = load_spec(REAL_SPEC)
+    perf._SESSION["t0"] = time.monotonic() - 10 * spec.perf["budget_s"]
+    rows = []
+
+    class Models:
+        def __getitem__(self, path):
+            raise AssertionError("a case past the budget must not load or time anything")
+
+    case = {"case_id": "perf/speedup/b1-c1024-d0", "config": {"batch": 1, "context": 1024, "draft": 0}}
+    perf.test_speedup(case, Models(), _Engine("cuda", "sm_90"), spec, _Tier("full"),
+                      lambda *a, **k: rows.append((a, k)))
+    (args, kw), = rows
+    assert args[:2] == ("perf_speedup", "speedup_ci_low") and kw["status"] == "error"
+    assert "budget_s" in kw["message"]
