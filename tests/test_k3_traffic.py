@@ -84,3 +84,9 @@ def test_runner_step_traffic_uses_the_benchmark_steps_inputs(model):
     assert a == traffic.decode_traffic(model, tokens, state)
     with pytest.raises(NotImplementedError, match="draft"):
         r.step_traffic(2, 16, draft=1)
+
+
+def test_counting_leaves_the_model_object_untouched(model):
+    before = dict(vars(model))
+    traffic.decode_traffic(model, torch.tensor([3]), model.random_state(1, 8, 64, seed=0))
+    assert vars(model).keys() == before.keys() and all(vars(model)[k] is v for k, v in before.items())

@@ -29,18 +29,19 @@ _EXPERTS = re.compile(r"^L(\d+)\.experts_(w13|w2)$")
 def routed_experts(model, tokens: torch.Tensor, state) -> dict[int, torch.Tensor]:
     """{MoE layer: router top-k ids [batch, k]} of one standard decode step (on a state copy)."""
     seen: dict[int, torch.Tensor] = {}
-    route = model.route
+    # a twin sharing the weights: the model itself is never patched (torch.compile guards on the
+    # compiled standard step's model object; touching its attributes would force recompiles)
+    twin = type(model)(model.cfg, model.w, oracle=model.oracle, kda_backend=model.kda_backend,
+                       moe_backend=model.moe_backend)
+    route = twin.route
 
     def spy(i, x):
         ids, w = route(i, x)
         seen[i] = ids.detach().clone()
         return ids, w
 
-    model.route = spy  # instance attribute: shadows the method for this one step
-    try:
-        model.decode(tokens, state.clone())
-    finally:
-        del model.route
+    twin.route = spy  # instance attribute: shadows the method for this one step
+    twin.decode(tokens, state.clone())
     return seen
 
 
