@@ -53,3 +53,4 @@ def test_compiled_standard_step_agrees_with_eager_within_the_noise_floor(batch, 
     model.decode(tokens, eager_state)
     assert torch.equal(compiled_state.lengths, eager_state.lengths)
     assert (compiled_state.kda - eager_state.kda).abs().max().item() <= max(ATOL, 1e-2)
+

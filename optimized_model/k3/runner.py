@@ -15,8 +15,8 @@ runs the standard code here. The standard path itself reports nothing.
 
 Compiled standard step (``compile_mode``, the engine's ``standard_compile`` option; perf's
 baseline): the benchmark hook ``decode_step`` runs ``K3Model.decode_tensors`` through
-``torch.compile`` (Inductor, that mode; automatic dynamic shapes: batch and cache capacity
-become symbolic at the second shape, so a few compiles serve every shape) inside the same CUDA graph, as vLLM does. The compile runs in the graph's warm-up,
+``torch.compile`` (Inductor, that mode; batch and cache capacity marked dynamic, so batch 1
+and one general compile serve every shape) inside the same CUDA graph, as vLLM does. The compile runs in the graph's warm-up,
 before any timed replay; ``generate`` / ``score`` keep the eager-in-graph step (the reference
 math; the two agree within the bf16 noise floor, tests/test_k3_compiled.py).
 """
@@ -190,13 +190,20 @@ class K3Runner:
             for name in ("recompile_limit", "cache_size_limit"):  # one compile per shape class
                 if hasattr(cfg, name):
                     setattr(cfg, name, max(64, int(getattr(cfg, name))))
-            # automatic dynamic shapes: the first shape compiles static, the next one with the
-            # dims that changed (batch, cache capacity) symbolic, then every shape reuses it (batch
-            # 1 keeps its own specialisation). dynamic=True would make the weights' dims symbolic
-            # too, and duck sizing then ties a batch to an equal weight dim: a recompile per shape
+            # only batch and cache capacity are symbolic (marked below; automatic dynamic shapes
+            # for anything else). dynamic=True would make the weights' dims symbolic too, and duck
+            # sizing then ties a batch to an equal weight dim: a recompile per shape
             body = torch.compile(self.model.decode_tensors, mode=self.compile_mode)
 
             def decode(tokens: torch.Tensor, state: DecodeState) -> torch.Tensor:
+                # batch and cache capacity symbolic from the first compile on (a hint: batch 1
+                # still specialises), so one more compile at most serves every other shape
+                mark = torch._dynamo.maybe_mark_dynamic
+                mark(tokens, 0)
+                mark(state.lengths, 0)
+                for t in (state.conv, state.kda, state.latent):
+                    mark(t, 1)
+                mark(state.latent, 2)
                 with torch.inference_mode():
                     logits = body(tokens, state)
                 state.max_len += 1
