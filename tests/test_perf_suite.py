@@ -149,3 +149,53 @@ def test_cases_past_the_time_budget_are_error_rows_not_measured():
     (args, kw), = rows
     assert args[:2] == ("perf_speedup", "speedup_ci_low") and kw["status"] == "error"
     assert "budget_s" in kw["message"]
+
+
+class _FakeModel:
+    """A step that sleeps ``seconds``; "fast" reports a fast-path event; ``broken`` raises."""
+
+    device = "cpu"
+
+    def __init__(self, seconds, fast=False, broken=False):
+        self.seconds, self.fast, self.broken = seconds, fast, broken
+
+    def decode_step(self, batch, context, draft=0):
+        import time
+
+        from fastpath import trace
+
+        if self.broken:
+            raise RuntimeError("inductor exploded")
+
+        def step():
+            if self.fast:
+                trace.engaged("decode", "fake", batch=batch)
+            time.sleep(self.seconds)
+
+        return step
+
+    def step_traffic(self, batch, context, draft=0):
+        return {"total": 1000, "weights": 1000, "experts": 0, "embedding": 0, "state": 0, "cache": 0, "io": 0,
+                "experts_touched": [], "n_experts": 0}
+
+
+def test_a_broken_compiled_baseline_fails_the_gate_and_is_measured_against_eager(tmp_path):
+    from fastpath.spec import load_spec
+
+    perf = _perf_module()
+    spec = load_spec(perf_only_spec(tmp_path))
+    perf._SESSION.clear()
+    perf._SESSION["bandwidth"] = 1e9
+    models = {"standard": _FakeModel(0.002, broken=True), "standard_eager": _FakeModel(0.002),
+              "fast": _FakeModel(0.001, fast=True)}
+    engine = _Engine("cpu", "cpu")
+    engine._info["standard_compile"] = "default"
+    rows = []
+    case = {"case_id": "perf/speedup/b1-c16-d0", "config": {"batch": 1, "context": 16, "draft": 0}}
+    perf.test_speedup(case, models, engine, spec, _Tier("smoke"), lambda *a, **k: rows.append((a, k)))
+    head = next(k for a, k in rows if a[1] == "speedup_ci_low")
+    assert head["status"] == "error" and "inductor exploded" in head["message"]
+    assert "against standard_eager instead" in head["message"]
+    paths = {k.get("path") for a, k in rows if a[1] == "step_ms"}
+    assert paths == {"standard_eager", "fast"}
+    assert perf.RESULTS[-1]["outcome"].startswith("error")
