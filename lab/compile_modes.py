@@ -11,8 +11,9 @@ compile runs in the graph's warm-up and its time is the candidate's ``setup_s`` 
 batch), and ``loop-moe`` (the expert loop instead of ``torch._grouped_mm``: it syncs with the
 host, so it cannot be captured and is timed eagerly, for reference only). Each (candidate,
 batch, context) step time is the median of ``--rounds`` segments of ``--replays`` calls (CUDA
-events). Prints one table (step ms and tokens/s per candidate and shape, the fastest marked) and
-writes ``$OUT/compile_modes.json``. Pin the fastest capturable mode as ``standard_compile`` in
+events). Prints the table (step ms and tokens/s per candidate and shape, the fastest marked; again
+after every candidate, the last one printed is the whole table) and writes
+``$OUT/compile_modes.json`` (after every candidate too). Pin the fastest capturable mode as ``standard_compile`` in
 the spec's ``[tiers.full] engine_options``; report the others once in docs/perf-notes.md.
 """
 
@@ -130,15 +131,16 @@ def main(argv: list[str] | None = None) -> int:
     candidates = ["eager"] + [f"compile:{m}" for m in args.modes.split(",") if m and m != "off"]
     if not args.no_loop and model.moe_backend == "grouped":
         candidates.append("loop-moe")
-    results = [time_candidate(model, c, args.batches, args.contexts, args.rounds, args.replays, args.device, log)
-               for c in candidates]
-    shapes = [f"b{b}-c{c}" for c in args.contexts for b in args.batches]
-    text = table(results, shapes)
     out = Path(os.environ.get("OUT", "."))
     out.mkdir(parents=True, exist_ok=True)
-    (out / "compile_modes.json").write_text(json.dumps({"args": vars(args), "results": results,
-                                                        "torch": torch.__version__}, indent=1))
-    print(text, flush=True)
+    shapes = [f"b{b}-c{c}" for c in args.contexts for b in args.batches]
+    results = []
+    for c in candidates:  # the JSON and the table after every candidate: a timeout keeps what was timed
+        results.append(time_candidate(model, c, args.batches, args.contexts, args.rounds, args.replays,
+                                      args.device, log))
+        (out / "compile_modes.json").write_text(json.dumps({"args": vars(args), "results": results,
+                                                            "torch": torch.__version__}, indent=1))
+        print(table(results, shapes), flush=True)
     return 0
 
 
