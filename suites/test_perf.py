@@ -279,6 +279,11 @@ def test_summary(case, fp_engine, fp_spec, fp_tier, record, request):
     if control:
         head += (f"control (standard vs standard): {control['speedup']:.4f}x "
                  f"[{control['ci_low']:.4f}, {control['ci_high']:.4f}] alarm={control['alarm']}\n")
+    s = run_settings(fp_spec, gated)
+    head += (f"speedup = median(standard) / median(fast) over ABBA rounds ({s['rounds']} per look, {s['replays']} "
+             f"replays per segment); CI at {100 * stats.look_confidence(s['confidence'], s['max_extra_batches']):.1f} % "
+             f"per look (the {100 * s['confidence']:.0f} % level split over 1 + {s['max_extra_batches']} looks); "
+             f"pass iff its lower bound > {s['min_speedup']}\n")
     if not gated:
         head += f"\nnot gated: {why}\n"
     text = head + "\n" + table
