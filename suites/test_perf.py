@@ -144,11 +144,14 @@ def test_speedup(case, fp_models, fp_engine, fp_spec, fp_tier, record):
     eager = eager_model(fp_models, fp_engine)
     baseline, baseline_error = "standard", ""
     try:
+        if "baseline_error" in _SESSION and eager is not None:  # it broke before: do not pay it again
+            raise RuntimeError(_SESSION["baseline_error"])
         std_step, std_setup = build(std_model, batch, context, draft)
     except Exception as exc:  # the compiled baseline broke: fail the gate, still measure against eager
         if eager is None:
             raise
         baseline_error = f"building the compiled standard step raised {type(exc).__name__}: {exc}"[:1500]
+        _SESSION.setdefault("baseline_error", baseline_error)
         baseline, status = "standard_eager", "error"
         std_step, std_setup = build(eager, batch, context, draft)
         eager = None
