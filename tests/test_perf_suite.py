@@ -199,3 +199,24 @@ def test_a_broken_compiled_baseline_fails_the_gate_and_is_measured_against_eager
     paths = {k.get("path") for a, k in rows if a[1] == "step_ms"}
     assert paths == {"standard_eager", "fast"}
     assert perf.RESULTS[-1]["outcome"].startswith("error")
+
+
+def test_verify_prints_a_verdict_with_info_only_gates():
+    """Smoke-tier perf gates hold only info rows: the verdict table must print them (it crashed
+    with KeyError 'info' at the end of a smoke verify)."""
+    import io
+
+    from rich.console import Console
+
+    from fastpath.gates import GATE_STATUS_TABLE, GateResult
+    from fastpath.verify import _print_verdict
+
+    class V:
+        tier = "smoke"
+        verdict = "pass"
+        failing_rows: list = []
+        gates = {s: GateResult(f"g_{s}", "perf", s, 1, 0, 0, "") for s in GATE_STATUS_TABLE}
+
+    out = io.StringIO()
+    _print_verdict(V(), Console(file=out, width=200))
+    assert "g_info" in out.getvalue() and "info" in out.getvalue()
