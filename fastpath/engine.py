@@ -6,7 +6,9 @@ harness; it therefore returns its own objects, which must carry the attributes d
 the protocols below (duck typing, checked by ``tests/test_engine_contract.py``-style tests).
 
 Paths: ``"standard"`` (what a generic engine runs), ``"fast"`` (the fast path behind the
-opt-in switch) and ``"oracle"`` (the standard math in fp32, the numerics reference).
+opt-in switch) and ``"oracle"`` (the standard math in fp32, the numerics reference). An engine
+may offer ``"standard_eager"`` (``OPTIONAL_PATHS``): the standard path with its benchmark step
+not compiled, where "standard" compiles it (DESIGN §3.3); the perf suite reports it beside.
 
 The opt-in switch travels as vLLM's ``additional_config`` does: a mapping ``{key: value}``
 built from the spec's ``[switch]`` table (``switch_config``), passed to ``Engine.load("fast",
@@ -20,6 +22,7 @@ from importlib.metadata import entry_points
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 PATHS = ("standard", "fast", "oracle")
+OPTIONAL_PATHS = ("standard_eager",)
 ENTRY_POINT_GROUP = "fastpath.engines"
 
 
@@ -125,6 +128,21 @@ class Model(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class RooflineModel(Protocol):
+    """Optional capability of a Model: the perf suite's roofline (no method: no MBU rows)."""
+
+    def step_traffic(self, batch: int, context: int, draft: int = 0) -> dict:
+        """Bytes the step ``decode_step(batch, context, draft)`` must move at least, counted
+        from its real tensors (the same tokens and state): every weight it reads once (for
+        MoE only the experts its tokens were routed to, from the router's output), its state
+        and cache reads and writes, its inputs and outputs. Returns ints:
+        ``{"total", "weights", "experts", "embedding", "state", "cache", "io"}`` (total = the
+        sum of the others), plus ``"experts_touched"``: [distinct experts per MoE layer] and
+        ``"n_experts"`` (0 and [] for a dense model)."""
+        ...
 
 
 @runtime_checkable

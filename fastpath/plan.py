@@ -5,8 +5,13 @@ Cases come from the Cartesian product of the tier's slice of the scope; the prun
 (``PRUNING_RULES``, data) and the tier rules (``TIER_RULES``) never drop a case: they turn it
 into a *waiver* carrying the reason, so what was not run is always on record.
 
-Suites without a case expander (evals, perf) get one ``<suite>/all/<tier>`` case: the suite
-itself iterates its own matrix until the plan learns it.
+Suites without a case expander (evals) get one ``<suite>/all/<tier>`` case: the suite itself
+iterates its own matrix until the plan learns it.
+
+Perf: one ``speedup`` case per decode shape of the tier's scope (batch x context x draft x tp),
+one ``control`` case (standard vs standard, at the smallest shape) and one ``summary`` case (the
+K3-style table and the measured bandwidth). On the smoke tier (CPU: a fast step takes seconds
+in Triton's interpreter) only the smallest batch is timed; its rows are reported, not gated.
 
 Kernels: with ``[kernels] names`` in the spec, one case per name × dtype of the tier; without
 it one ``kernels/kernel/registry-<dtype>`` case per dtype, which the suite expands over the
@@ -89,10 +94,11 @@ class Rule:
 
 # Scope combinations that make no sense, whatever the tier.
 PRUNING_RULES: tuple[Rule, ...] = (
-    Rule("draft_needs_spec_decode", (("coverage", "decode"), ("coverage", "profiler")),
+    Rule("draft_needs_spec_decode", (("coverage", "decode"), ("coverage", "profiler"), ("perf", "speedup")),
          lambda cfg, spec, tier: cfg["draft"] > 0 and not spec.features["speculative_decoding"],
          "draft length > 0 but features.speculative_decoding is false"),
-    Rule("context_over_max", (("coverage", "decode"), ("coverage", "profiler"), ("parity", "parity")),
+    Rule("context_over_max", (("coverage", "decode"), ("coverage", "profiler"), ("parity", "parity"),
+                              ("perf", "speedup")),
          lambda cfg, spec, tier: cfg["context"] + cfg.get("draft", 0) > tier.max_context,
          "context + draft exceeds the tier's max_context"),
 )
@@ -102,9 +108,10 @@ TIER_RULES: tuple[Rule, ...] = (
     Rule("profiler_needs_gpu", (("coverage", "profiler"),),
          lambda cfg, spec, tier: tier.name != "full",
          "needs a CUDA GPU: the profiler runs on the full tier only"),
-    Rule("perf_not_gated_on_smoke", (("perf", "all"),),
-         lambda cfg, spec, tier: tier.name != "full",
-         "perf is not gated on the smoke tier (DESIGN §3.2): timings need the full tier's GPU"),
+    Rule("perf_smoke_smallest_batch", (("perf", "speedup"),),
+         lambda cfg, spec, tier: tier.name != "full" and cfg["batch"] != min(tier.scope["batch_sizes"]),
+         "the smoke tier times the smallest batch only (a fast step takes seconds in Triton's CPU "
+         "interpreter); perf is gated on the full tier"),
 )
 
 
@@ -171,6 +178,15 @@ def _features(spec: Spec, tier: Tier) -> list[Case]:
     return cases
 
 
+def _perf(spec: Spec, tier: Tier) -> list[Case]:
+    configs = _decode_configs(tier)
+    cases = [Case("perf", "speedup", f"perf/speedup/{_shape_id(c)}", c) for c in configs]
+    smallest = min(configs, key=lambda c: (c["batch"], c["context"], c["draft"]))
+    cases.append(Case("perf", "control", f"perf/control/{_shape_id(smallest)}", dict(smallest)))
+    cases.append(Case("perf", "summary", "perf/summary/table", {}))
+    return cases
+
+
 def _whole_suite(suite: str) -> Callable[[Spec, Tier], list[Case]]:
     return lambda spec, tier: [Case(suite, "all", f"{suite}/all/{tier.name}", {})]
 
@@ -181,7 +197,7 @@ EXPANDERS: dict[str, Callable[[Spec, Tier], list[Case]]] = {
     "parity": _parity,
     "features": _features,
     "evals": _whole_suite("evals"),
-    "perf": _whole_suite("perf"),
+    "perf": _perf,
 }
 
 

@@ -128,6 +128,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--fastpath-plan", help="plan.json to take cases from (default: build it from the spec)")
     group.addoption("--fastpath-rows", help="JSONL file result rows are appended to")
     group.addoption("--fastpath-suite", help="suite name (default: from the module name test_<suite>.py)")
+    group.addoption("--fastpath-artifacts", help="folder a suite may write result files into (they travel "
+                    "with the bundle under logs/artifacts/; e.g. perf's summary table)")
 
 
 def pytest_configure(config: pytest.Config) -> None:

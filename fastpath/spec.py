@@ -99,6 +99,26 @@ SCHEMA = Field("table", fields={
     "kernels": Field("table", fields={
         "names": Field("list", required=True, nonempty=True, unique=True, items=Field("str")),
     }),
+    # Optional: how the perf suite measures (fastpath.stats / fastpath.perf_timing; DESIGN §4).
+    "perf": Field("table", fields={
+        # >= 10: the percentile bootstrap of a median over fewer rounds under-covers (a true
+        # 1.00x then passes more often than the nominal 2.5 %; tests/test_perf_stats.py)
+        "rounds": Field("int", minimum=10),
+        "replays": Field("int", minimum=1),  # CUDA-graph replays per timed segment
+        "warmup": Field("int", minimum=0),  # untimed calls per path before the rounds
+        "min_speedup": Field("number", minimum=0),
+        "max_extra_batches": Field("int", minimum=0),  # more batches of rounds for a straddling case
+        "confidence": Field("number", minimum=0.5),
+        "control_confidence": Field("number", minimum=0.5),
+        "control_tolerance": Field("number", minimum=0),
+        "n_resamples": Field("int", minimum=100),
+        "eager_rounds": Field("int", minimum=0),  # segments of standard_eager, reported beside
+        "smoke_rounds": Field("int", minimum=1),  # CPU smoke tier: machinery only, not gated
+        "smoke_replays": Field("int", minimum=1),
+        # seconds from the suite's first case after which the remaining speedup cases are error
+        # rows, not measured (0: no limit): a run that must fit one command still ends with its table
+        "budget_s": Field("number", minimum=0),
+    }),
     "tiers": Field("map", required=True, keys=TIERS, values=Field("table", fields={
         "description": Field("str"),
         "engine_options": Field("map", values=Field("data")),
@@ -115,6 +135,10 @@ SCHEMA = Field("table", fields={
 })
 
 SCOPE_DEFAULTS = {"tensor_parallel": [1], "draft_lengths": [0], "dcp_sizes": [1], "fallbacks": {}}
+PERF_DEFAULTS = {"rounds": 10, "replays": 30, "warmup": 5, "min_speedup": 1.0, "max_extra_batches": 1,
+                 "confidence": 0.95, "control_confidence": 0.999, "control_tolerance": 0.01,
+                 "n_resamples": 4000, "eager_rounds": 3, "smoke_rounds": 2, "smoke_replays": 1,
+                 "budget_s": 0}
 FEATURE_DEFAULTS = {"temperature_sampling": False, "top_k": False, "top_p": False,
                     "structured_output": [], "speculative_decoding": False}
 
@@ -160,6 +184,7 @@ class Spec:
     gates: Gates
     raw_text: str = field(repr=False)
     digest: str = ""  # sha256 hex of the file's bytes
+    perf: dict[str, Any] = field(default_factory=lambda: dict(PERF_DEFAULTS))  # [perf] over PERF_DEFAULTS
 
     @property
     def declared_sources(self) -> frozenset[str]:
@@ -361,6 +386,10 @@ def _semantic_checks(data: dict, v: _Validator) -> None:
         if dtype is not None and dtype not in DTYPES:
             v.err(["tiers", tier_name, "engine_options", "dtype"],
                   f"{dtype!r} is not allowed; allowed values: {', '.join(map(repr, DTYPES))}")
+    for key in ("confidence", "control_confidence"):
+        value = data.get("perf", {}).get(key)
+        if value is not None and not value < 1:
+            v.err(["perf", key], f"{value!r} is too large; expected a number < 1")
     gates = [k for k in data["gates"] if k != "version"]
     if not gates:
         v.err(["gates"], "no gate defined; expected at least one [gates.NAME] table with a 'suite'")
@@ -383,5 +412,5 @@ def _build(path: Path, data: dict, text: str, digest: str) -> Spec:
         switch=dict(data["switch"]), source_globs=list(data["sources"]["globs"]),
         validation_globs=data["sources"].get("validation"), subject_globs=data["sources"].get("subject"), scope=scope,
         features=features, kernel_names=(data.get("kernels") or {}).get("names"), tiers=tiers,
-        gates=gates, raw_text=text, digest=digest,
+        gates=gates, raw_text=text, digest=digest, perf={**PERF_DEFAULTS, **data.get("perf", {})},
     )

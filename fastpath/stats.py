@@ -5,7 +5,13 @@
   every tested bin has an expected count >= ``min_expected``; ``g_test_pooled`` combines
   several independent tests (one per prompt) by summing G and degrees of freedom.
 - ``paired_bootstrap_ci``: percentile CI of a paired statistic (default: mean difference).
-- ``bootstrap_ratio_ci``: CI of median(a) / median(b) for unpaired timing samples (perf).
+- ``bootstrap_ratio_ci``: CI of median(a) / median(b) of timing samples (unpaired, or paired
+  by perf round).
+- perf: ``judge_speedup`` (one look at the gate), ``sequential_speedup`` (one more batch of
+  rounds for a straddling case, up to a fixed maximum; then "inconclusive"), ``look_confidence``
+  and ``control_alarm`` (the standard-vs-standard control).
+
+Bootstraps are ``scipy.stats.bootstrap`` (percentile method).
 - ``mcnemar_exact``: exact two-sided McNemar test for paired binary outcomes.
 - ``kl_divergence`` / ``top1_agreement``: per-position comparisons of logits.
 
@@ -28,6 +34,11 @@ __all__ = [
     "g_test_pooled",
     "paired_bootstrap_ci",
     "bootstrap_ratio_ci",
+    "SpeedupJudgement",
+    "look_confidence",
+    "judge_speedup",
+    "sequential_speedup",
+    "control_alarm",
     "mcnemar_exact",
     "log_softmax",
     "kl_divergence",
@@ -135,6 +146,15 @@ def g_test_pooled(tests: Sequence[GTestResult]) -> GTestResult:
     return GTestResult(g, df, pv, n, bins, imp, {"parts": len(tests)})
 
 
+def _percentile_ci(data: tuple, statistic: Callable, *, paired: bool, n_resamples: int, confidence: float,
+                   seed: int, vectorized: bool = True) -> tuple[float, float]:
+    """(low, high) of a percentile bootstrap CI by ``scipy.stats.bootstrap``. Percentile, not BCa:
+    BCa's jackknife is undefined for medians of a few tied values (it returns NaN)."""
+    res = _st.bootstrap(data, statistic, n_resamples=n_resamples, paired=paired, vectorized=vectorized,
+                        confidence_level=confidence, method="percentile", rng=np.random.default_rng(seed))
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
 def paired_bootstrap_ci(
     a: Sequence[float],
     b: Sequence[float],
@@ -149,17 +169,23 @@ def paired_bootstrap_ci(
     y = np.asarray(b, dtype=np.float64)
     if x.shape != y.shape or x.ndim != 1 or len(x) == 0:
         raise ValueError("paired samples must be non-empty 1-D arrays of equal length")
-    stat = statistic or (lambda u, v: float(np.mean(u - v)))
-    est = float(stat(x, y))
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(x), size=(n_resamples, len(x)))
     if statistic is None:
-        d = x - y
-        boots = d[idx].mean(axis=1)
+        est = float(np.mean(x - y))
+        if len(x) == 1:
+            return est, est, est
+        lo, hi = _percentile_ci((x, y), lambda u, v, axis=-1: np.mean(u - v, axis=axis), paired=True,
+                                n_resamples=n_resamples, confidence=confidence, seed=seed)
     else:
-        boots = np.array([stat(x[i], y[i]) for i in idx])
-    lo, hi = np.quantile(boots, [(1 - confidence) / 2, 1 - (1 - confidence) / 2])
-    return est, float(lo), float(hi)
+        est = float(statistic(x, y))
+        if len(x) == 1:
+            return est, est, est
+        lo, hi = _percentile_ci((x, y), lambda u, v: float(statistic(u, v)), paired=True, vectorized=False,
+                                n_resamples=n_resamples, confidence=confidence, seed=seed)
+    return est, lo, hi
+
+
+def _median_ratio(u: np.ndarray, v: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.median(u, axis=axis) / np.median(v, axis=axis)
 
 
 def bootstrap_ratio_ci(
@@ -169,18 +195,116 @@ def bootstrap_ratio_ci(
     n_resamples: int = 10_000,
     confidence: float = 0.95,
     seed: int = 0,
+    paired: bool = False,
 ) -> tuple[float, float, float]:
-    """(median(a)/median(b), low, high): unpaired percentile bootstrap (speedup = std/fast)."""
+    """(median(a)/median(b), low, high): percentile bootstrap (speedup = std/fast). ``paired``:
+    a[i] and b[i] were measured together (one perf round) and are resampled together."""
     x = np.asarray(a, dtype=np.float64)
     y = np.asarray(b, dtype=np.float64)
     if len(x) == 0 or len(y) == 0:
         raise ValueError("empty sample")
-    rng = np.random.default_rng(seed)
-    bx = np.median(x[rng.integers(0, len(x), size=(n_resamples, len(x)))], axis=1)
-    by = np.median(y[rng.integers(0, len(y), size=(n_resamples, len(y)))], axis=1)
-    r = bx / by
-    lo, hi = np.quantile(r, [(1 - confidence) / 2, 1 - (1 - confidence) / 2])
-    return float(np.median(x) / np.median(y)), float(lo), float(hi)
+    if paired and x.shape != y.shape:
+        raise ValueError(f"paired samples differ in length: {len(x)} vs {len(y)}")
+    est = float(np.median(x) / np.median(y))
+    if len(x) == 1 and len(y) == 1:
+        return est, est, est  # one round: no spread to resample
+    lo, hi = _percentile_ci((x, y), _median_ratio, paired=paired, n_resamples=n_resamples,
+                            confidence=confidence, seed=seed)
+    return est, lo, hi
+
+
+# ------------------------------------------------------------------------------ perf (DESIGN §4)
+# The unit of the perf statistics is the ROUND: one A B B A block of timed segments (each
+# segment many CUDA-graph replays). Replays inside a segment are not independent samples (they
+# share clocks, thermal state, neighbours), rounds nearly are; a round's time of a path is the
+# mean of its two segments, so a linear drift over the round cancels between the paths.
+
+@dataclass
+class SpeedupJudgement:
+    """The gate's view of one case: speedup = median(standard) / median(fast) over rounds."""
+
+    outcome: str  # "pass" | "fail" | "inconclusive"
+    speedup: float
+    ci_low: float
+    ci_high: float
+    confidence: float  # of the CI judged (per look, see look_confidence)
+    min_speedup: float
+    rounds: int
+    looks: int  # judgements made (1 + extra batches measured)
+
+    @property
+    def passed(self) -> bool:
+        return self.outcome == "pass"
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("outcome", "speedup", "ci_low", "ci_high", "confidence",
+                                              "min_speedup", "rounds", "looks")}
+
+
+def look_confidence(confidence: float, max_extra_batches: int) -> float:
+    """CI level of each look when a straddling case may be judged up to ``1 + max_extra_batches``
+    times: the one-sided error (1 - confidence) / 2 is split evenly over the looks (Bonferroni),
+    so the false-pass rate of a case over all its looks stays <= (1 - confidence) / 2."""
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence {confidence!r} must lie strictly between 0 and 1")
+    if max_extra_batches < 0:
+        raise ValueError(f"max_extra_batches {max_extra_batches!r} must be >= 0")
+    return 1.0 - (1.0 - confidence) / (1 + int(max_extra_batches))
+
+
+def judge_speedup(std_rounds: Sequence[float], fast_rounds: Sequence[float], *, min_speedup: float = 1.0,
+                  confidence: float = 0.95, n_resamples: int = 4000, seed: int = 0,
+                  looks: int = 1) -> SpeedupJudgement:
+    """One look: pass iff the CI's lower bound > ``min_speedup``; fail iff its upper bound <=
+    ``min_speedup`` (clearly not better); else the CI straddles it: "inconclusive"."""
+    est, lo, hi = bootstrap_ratio_ci(std_rounds, fast_rounds, n_resamples=n_resamples, confidence=confidence,
+                                     seed=seed, paired=True)
+    if not all(math.isfinite(v) for v in (est, lo, hi)):
+        outcome = "inconclusive"
+    elif lo > min_speedup:
+        outcome = "pass"
+    elif hi <= min_speedup:
+        outcome = "fail"
+    else:
+        outcome = "inconclusive"
+    return SpeedupJudgement(outcome, est, lo, hi, confidence, float(min_speedup), len(std_rounds), looks)
+
+
+def sequential_speedup(measure: Callable[[int], tuple[Sequence[float], Sequence[float]]], *, rounds: int,
+                       max_extra_batches: int = 1, min_speedup: float = 1.0, confidence: float = 0.95,
+                       n_resamples: int = 4000, seed: int = 0) -> SpeedupJudgement:
+    """Measure ``rounds`` rounds (``measure(n)`` -> (standard times, fast times) of n more rounds),
+    judge; while the CI straddles ``min_speedup`` and extra batches are left (a maximum fixed
+    before measuring), measure one more batch of ``rounds`` rounds and judge all rounds so far.
+    Still straddling after the last batch = "inconclusive" (not passed)."""
+    if rounds < 1:
+        raise ValueError(f"rounds {rounds!r} must be >= 1")
+    level = look_confidence(confidence, max_extra_batches)
+    std: list[float] = []
+    fast: list[float] = []
+    for look in range(1, max_extra_batches + 2):
+        s, f = measure(rounds)
+        if len(s) != rounds or len(f) != rounds:
+            raise ValueError(f"measure({rounds}) returned {len(s)} standard and {len(f)} fast rounds")
+        std += [float(v) for v in s]
+        fast += [float(v) for v in f]
+        verdict = judge_speedup(std, fast, min_speedup=min_speedup, confidence=level,
+                                n_resamples=n_resamples, seed=seed + look, looks=look)
+        if verdict.outcome != "inconclusive":
+            return verdict
+    return verdict
+
+
+def control_alarm(a_rounds: Sequence[float], b_rounds: Sequence[float], *, confidence: float = 0.999,
+                  tolerance: float = 0.0, n_resamples: int = 4000, seed: int = 0) -> dict:
+    """Standard-vs-standard control: the same step timed as both paths. Its speedup should sit
+    at 1.0; the alarm rings only when the CI at the stricter ``confidence`` lies wholly outside
+    [1 - tolerance, 1 + tolerance] (the method then sees a difference where there is none)."""
+    est, lo, hi = bootstrap_ratio_ci(a_rounds, b_rounds, n_resamples=n_resamples, confidence=confidence,
+                                     seed=seed, paired=True)
+    alarm = bool(lo > 1.0 + tolerance or hi < 1.0 - tolerance)
+    return {"speedup": est, "ci_low": lo, "ci_high": hi, "confidence": confidence, "tolerance": tolerance,
+            "alarm": alarm, "rounds": len(a_rounds)}
 
 
 def mcnemar_exact(a_correct: Sequence[bool], b_correct: Sequence[bool]) -> dict:

@@ -383,7 +383,7 @@ def _run_one_suite(suite: str, spec: Spec, plan: Plan, state: RunState, suites_d
             "--capture=sys", "-q", "-rfEs", "--tb=short", "--no-header",
             "--fastpath-spec", str(spec.path), "--fastpath-tier", plan.tier,
             "--fastpath-plan", str(state.root / "plan.json"), "--fastpath-rows", str(rows_path),
-            "--fastpath-suite", suite]
+            "--fastpath-suite", suite, "--fastpath-artifacts", str(state.root / "logs" / "artifacts")]
     hook = ProgressHook(rows_path, console, on_case)
     log_path = state.log_path(suite)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -462,9 +462,9 @@ def _print_verdict(verdict: Verdict, console: Any) -> None:
     table = Table(title=f"gates ({verdict.tier} tier)")
     for col in ("gate", "suite", "status", "rows", "failed", "reason"):
         table.add_column(col)
-    colour = {"pass": "green", "fail": "red", "missing": "red", "waived": "yellow"}
+    colour = {"pass": "green", "fail": "red", "missing": "red", "waived": "yellow", "info": "yellow"}
     for g in verdict.gates.values():
-        table.add_row(g.name, g.suite, f"[{colour[g.status]}]{g.status}[/]", str(g.rows), str(g.failed), g.reason)
+        table.add_row(g.name, g.suite, f"[{colour.get(g.status, 'yellow')}]{g.status}[/]", str(g.rows), str(g.failed), g.reason)
     console.print(table)
     for row in verdict.failing_rows[:50]:
         console.print(f"  [red]✗[/] {row['case_id']} {row['gate'] or '(no gate)'}: {row['metric']} "

@@ -130,3 +130,26 @@ def test_every_declared_fallback_of_the_real_spec_is_a_coverage_case():
     cfg = cases["coverage/fallback/context_out_of_scope"].config
     assert cfg["reason"] == "context_out_of_scope" and cfg["batch"] in spec.scope["batch_sizes"]
     assert cfg["out_of_scope_context"] == spec.features["max_context"] + 1
+
+
+def test_perf_cases_cover_the_scope_on_full_and_the_smallest_batch_on_smoke():
+    spec = load_spec(REAL_SPEC)
+    cases, waivers = build_plan(spec, "full").for_suite("perf")
+    speed = [c for c in cases if c.kind == "speedup"]
+    assert not waivers and len(speed) == 7 * 3  # batch x context (x draft 0)
+    assert {(c.config["batch"], c.config["context"]) for c in speed} == {
+        (b, c) for b in (1, 2, 4, 8, 16, 32, 64) for c in (1024, 8192, 32768)}
+    assert [c.case_id for c in cases if c.kind != "speedup"] == ["perf/control/b1-c1024-d0", "perf/summary/table"]
+    cases, waivers = build_plan(spec, "smoke").for_suite("perf")
+    assert ids(cases) == ["perf/speedup/b1-c16-d0", "perf/speedup/b1-c64-d0", "perf/control/b1-c16-d0",
+                          "perf/summary/table"]
+    assert sorted(w.case.config["batch"] for w in waivers) == [2, 2, 4, 4]
+    assert all("smallest batch only" in w.reason for w in waivers)
+
+
+def test_perf_draft_without_spec_decode_is_waived(tmp_path):
+    spec = spec_with(tmp_path, ("context_lengths = [16, 32]", "context_lengths = [16, 32]\ndraft_lengths = [0, 2]"),
+                     ("[gates.coverage_fast_path_fired]", "[gates.perf_speedup]\nsuite = \"perf\"\n\n"
+                                                           "[gates.coverage_fast_path_fired]"))
+    _, waivers = build_plan(spec, "full").for_suite("perf")
+    assert waivers and all(w.case.config["draft"] == 2 and "speculative_decoding" in w.reason for w in waivers)

@@ -34,7 +34,7 @@ def test_real_spec_is_valid():
     spec = load_spec(REAL_SPEC)
     assert spec.name == "k3-mini-latency-specialized"
     assert spec.engine == "embedded"
-    assert spec.suites() == ["coverage", "kernels", "parity", "features"]
+    assert spec.suites() == ["coverage", "kernels", "parity", "features", "perf"]
     smoke = spec.tier("smoke")
     assert smoke.scope["batch_sizes"] == [1, 2, 4]
     assert smoke.scope["hardware"] == ["sm_90"]  # not overridden: inherited from [scope]
@@ -153,3 +153,17 @@ def test_real_spec_declares_all_three_source_sets():
     s = load_spec(REAL_SPEC)
     assert s.declared_sources == {"validation", "subject"}
     assert "optimized_model/k3/*.py" in s.subject_globs and "suites/**/*.py" in s.validation_globs
+
+
+def test_perf_settings_default_and_validate(tmp_path):
+    spec = load_spec(REAL_SPEC)
+    assert spec.perf["rounds"] >= 10 and spec.perf["min_speedup"] == 1.0 and spec.perf["max_extra_batches"] == 1
+    path = spec_with(tmp_path, "[gates]", "[perf]\nrounds = 5\nconfidence = 1.5\nbogus = 1\n\n[gates]")
+    text = error_of(path)
+    assert "perf.rounds: 5 is too small" in text and "perf.bogus: unknown key" in text
+    path = spec_with(tmp_path, "[gates]", "[perf]\nconfidence = 1.0\n\n[gates]")
+    assert "perf.confidence: 1.0 is too large; expected a number < 1" in error_of(path)
+    from fastpath.spec import PERF_DEFAULTS
+
+    assert load_spec(spec_with(tmp_path, "[gates]", "[perf]\nreplays = 7\n\n[gates]")).perf == {
+        **PERF_DEFAULTS, "replays": 7}

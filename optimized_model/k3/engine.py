@@ -1,13 +1,19 @@
 """EmbeddedEngine: K3-mini in process, on CPU or one GPU (DESIGN §3.3; entry point "embedded").
 
     engine = fastpath.engine.create_engine("embedded", config="tiny", device="cpu", dtype="float16")
-    model = engine.load("standard" | "oracle")
+    model = engine.load("standard" | "standard_eager" | "oracle")
     model = engine.load("fast", additional_config={"decode_backend": "latency_specialized"})
     # = optimized_model.k3.fast.dispatch.switch_config(); the harness passes the spec's [switch]
 
 Options: ``config`` "tiny" | "mini"; ``device`` "cpu" | "cuda"; ``dtype`` (default bfloat16 on
 cuda, float32 on cpu); ``seed`` (weights); ``use_graphs`` (default: True on cuda); ``threads``
-(torch CPU threads; default: leave torch's setting).
+(torch CPU threads; default: leave torch's setting); ``standard_compile`` (the torch.compile mode
+of the standard path's benchmark step ``decode_step``: "default", "max-autotune-no-cudagraphs",
+... or "off"; default "default" on cuda, "off" on cpu; runner.py).
+
+"standard_eager" is the standard path with its benchmark step eager inside the CUDA graph (the
+previous baseline, reported beside the compiled one); elsewhere it is the standard path.
+``model.step_traffic(batch, context, draft)`` counts the bytes that step must move (traffic.py).
 
 Paths share one set of weights: "standard" and "fast" use the same K3Model (the fast path
 reads its tensors); "oracle" is the same weights upcast to fp32 with the torch recurrence and
@@ -36,7 +42,7 @@ import torch
 
 from .config import active_bytes_per_token, get_config, param_counts
 
-PATHS = ("standard", "fast", "oracle")
+PATHS = ("standard", "standard_eager", "fast", "oracle")
 _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
            "fp16": torch.float16, "half": torch.float16, "float32": torch.float32, "fp32": torch.float32}
 
@@ -81,6 +87,10 @@ class K3LoadedModel:
     def decode_step(self, batch: int, context: int, draft: int = 0):
         return self.runner.decode_step(batch, context, draft)
 
+    def step_traffic(self, batch: int, context: int, draft: int = 0) -> dict:
+        """Bytes the step ``decode_step(batch, context, draft)`` must move (fastpath.engine.RooflineModel)."""
+        return self.runner.step_traffic(batch, context, draft)
+
     def prefill_step(self, batch: int, context: int):
         return self.runner.prefill_step(batch, context)
 
@@ -100,10 +110,11 @@ class EmbeddedEngine:
     name = "embedded"
 
     def __init__(self, config: str = "tiny", device: str = "cpu", dtype: Any = None, seed: int = 0,
-                 use_graphs: bool | None = None, threads: int | None = None, **unknown: Any):
+                 use_graphs: bool | None = None, threads: int | None = None, standard_compile: str | None = None,
+                 **unknown: Any):
         if unknown:
             raise TypeError(f"embedded engine: unknown option(s) {sorted(unknown)}; known: config, device, "
-                            "dtype, seed, use_graphs, threads")
+                            "dtype, seed, use_graphs, threads, standard_compile")
         if threads:  # torch CPU threads (1 is much faster than the default on a shared small box)
             torch.set_num_threads(int(threads))
         self.cfg = get_config(config)
@@ -121,6 +132,12 @@ class EmbeddedEngine:
         self.dtype = _parse_dtype(dtype, self.device.type)
         self.seed = int(seed)
         self.use_graphs = use_graphs
+        if standard_compile is None:
+            standard_compile = "default" if self.device.type == "cuda" else "off"
+        if not isinstance(standard_compile, str) or not standard_compile:
+            raise ValueError(f"standard_compile {standard_compile!r}: use a torch.compile mode such as "
+                             "'default' or 'max-autotune-no-cudagraphs', or 'off'")
+        self.standard_compile = standard_compile
         if self.device.type == "cpu":
             # before anything from optimized_model.k3.fast is imported (docs/architecture.md)
             os.environ["TRITON_INTERPRET"] = "1"
@@ -151,6 +168,7 @@ class EmbeddedEngine:
             "cuda_graphs": self._graphs_on(),
             "cpu_threads": torch.get_num_threads(),
             "switch": self._own_switch(),
+            "standard_compile": self.standard_compile,
         }
 
     def _graphs_on(self) -> bool:
@@ -180,8 +198,9 @@ class EmbeddedEngine:
         model = self._model(oracle=False)
         if path == "fast" and not self._switch_on(additional_config):
             path = "standard"  # switch off: what vLLM runs without it (no fast-path event)
-        if path == "standard":
-            return K3LoadedModel(path, model, K3Runner(model, use_graphs=self._graphs_on()), tok)
+        if path in ("standard", "standard_eager"):
+            mode = self.standard_compile if path == "standard" else None
+            return K3LoadedModel(path, model, K3Runner(model, use_graphs=self._graphs_on(), compile_mode=mode), tok)
         decoder = self._build_fast(model)
         runner = K3Runner(model, use_graphs=self._graphs_on(), fast_decoder=decoder, fast_mode=True)
         return K3LoadedModel(path, model, runner, tok)

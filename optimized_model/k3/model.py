@@ -119,7 +119,9 @@ class K3Model:
             from fla.ops.kda import chunk_kda
             from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
 
-            self._fla = (chunk_kda, fused_recurrent_kda_fwd)
+            # a graph break under torch.compile (the compiled standard step): fla's Triton op runs
+            # as it is, inside the same CUDA graph
+            self._fla = (chunk_kda, torch.compiler.disable(fused_recurrent_kda_fwd))
         return self._fla
 
     def kda_prefill(self, i, x, lengths, valid, state: DecodeState):
@@ -317,6 +319,13 @@ class K3Model:
     def decode(self, tokens: torch.Tensor, state: DecodeState, *, absorbed: bool = True) -> torch.Tensor:
         """One decode step: ``tokens [B]`` appended to each sequence of ``state`` (in place).
         Returns fp32 logits [B, vocab]. Graph-capturable (no host synchronisation)."""
+        logits = self.decode_tensors(tokens, state, absorbed=absorbed)
+        state.max_len += 1
+        return logits
+
+    def decode_tensors(self, tokens: torch.Tensor, state: DecodeState, *, absorbed: bool = True) -> torch.Tensor:
+        """``decode`` without the host-side bookkeeping (``state.max_len``): tensors in, tensors
+        out, what ``torch.compile`` traces for the compiled standard step (runner.py)."""
         cfg = self.cfg
         x = self.w["embed"][tokens]
         for i in range(cfg.n_layers):
@@ -329,7 +338,6 @@ class K3Model:
                 x = x + self.mla_decode_reference(i, h, state)
             x = x + self.ffn(i, rmsnorm(x, self.W(i, "ffn_norm"), cfg.norm_eps))
         state.lengths.add_(1)
-        state.max_len += 1
         return self.logits(x)
 
 

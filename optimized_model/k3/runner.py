@@ -12,6 +12,13 @@ dispatch point ``optimized_model.k3.fast.dispatch.select_decode(batch, context, 
 an in-scope decode returns the fast decoder, which runs it (``decoder.decode(tokens, state)``);
 a prefill / mixed / out-of-scope step gets None with the refusal already in fastpath.trace and
 runs the standard code here. The standard path itself reports nothing.
+
+Compiled standard step (``compile_mode``, the engine's ``standard_compile`` option; perf's
+baseline): the benchmark hook ``decode_step`` runs ``K3Model.decode_tensors`` through
+``torch.compile`` (Inductor, that mode; batch and cache capacity marked dynamic, so batch 1
+and one general compile serve every shape) inside the same CUDA graph, as vLLM does. The compile runs in the graph's warm-up,
+before any timed replay; ``generate`` / ``score`` keep the eager-in-graph step (the reference
+math; the two agree within the bf16 noise floor, tests/test_k3_compiled.py).
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ class K3Runner:
     CAP_ALIGN = 256
 
     def __init__(self, model: K3Model, *, use_graphs: bool | None = None, fast_decoder: Any = None,
-                 fast_mode: bool = False, reserve: int = 256):
+                 fast_mode: bool = False, reserve: int = 256, compile_mode: str | None = None):
         self.model = model
         self.vocab_size = model.cfg.vocab_size
         self.device = model.device
@@ -55,6 +62,8 @@ class K3Runner:
         self._pool: dict[tuple[int, int], DecodeState] = {}
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._mempool = None
+        self.compile_mode = None if compile_mode in (None, "", "off") else str(compile_mode)
+        self._compiled = None
 
     # -- dispatch -----------------------------------------------------------------------------
     def _select(self, batch: int, context: int, kind: str):
@@ -172,18 +181,51 @@ class K3Runner:
         return [logits[b, : lens[b]] for b in range(B)]
 
     # -- CUDA graphs -------------------------------------------------------------------------------
+    def _compiled_decode(self) -> Callable[[torch.Tensor, DecodeState], torch.Tensor]:
+        """``model.decode`` with its tensor part compiled by ``torch.compile(mode=compile_mode)``."""
+        if self._compiled is None:
+            import torch._dynamo
+
+            cfg = torch._dynamo.config
+            for name in ("recompile_limit", "cache_size_limit"):  # one compile per shape class
+                if hasattr(cfg, name):
+                    setattr(cfg, name, max(64, int(getattr(cfg, name))))
+            # only batch and cache capacity are symbolic (marked below; automatic dynamic shapes
+            # for anything else). dynamic=True would make the weights' dims symbolic too, and duck
+            # sizing then ties a batch to an equal weight dim: a recompile per shape
+            body = torch.compile(self.model.decode_tensors, mode=self.compile_mode)
+
+            def decode(tokens: torch.Tensor, state: DecodeState) -> torch.Tensor:
+                # batch and cache capacity symbolic from the first compile on (a hint: batch 1
+                # still specialises), so one more compile at most serves every other shape
+                mark = torch._dynamo.maybe_mark_dynamic
+                mark(tokens, 0)
+                mark(state.lengths, 0)
+                for t in (state.conv, state.kda, state.latent):
+                    mark(t, 1)
+                mark(state.latent, 2)
+                with torch.inference_mode():
+                    logits = body(tokens, state)
+                state.max_len += 1
+                return logits
+
+            self._compiled = decode
+        return self._compiled
+
     def _capture(self, state: DecodeState, lengths_base: torch.Tensor | None = None,
-                 tokens: torch.Tensor | None = None) -> _Graph:
+                 tokens: torch.Tensor | None = None, decode: Callable | None = None) -> _Graph:
         """Capture one decode step on ``state``'s tensors. Warm-up (Triton autotuning, lazy
         init) runs on a scratch copy so the real state is not advanced. With ``lengths_base``
-        the graph first resets ``state.lengths`` to it (benchmark steps stay at one context)."""
+        the graph first resets ``state.lengths`` to it (benchmark steps stay at one context).
+        ``decode``: the step to capture (default ``model.decode``)."""
+        decode = decode or self.model.decode
         static_tokens = tokens if tokens is not None else torch.zeros(state.batch, dtype=torch.long, device=self.device)
         scratch = state.clone()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                self.model.decode(static_tokens, scratch)
+                decode(static_tokens, scratch)
         torch.cuda.current_stream().wait_stream(side)
         del scratch
         if self._mempool is None:
@@ -197,7 +239,7 @@ class K3Runner:
         with torch.cuda.graph(graph, pool=self._mempool):
             if lengths_base is not None:
                 state.lengths.copy_(lengths_base)
-            logits = self.model.decode(static_tokens, state)
+            logits = decode(static_tokens, state)
         state.max_len = saved
         if self._pool_anchor is None:
             self._pool_anchor = graph
@@ -217,13 +259,11 @@ class K3Runner:
             fast = self._select(batch, context, "decode")
             if fast is not None:
                 return fast.decode_step(batch, context)
-        cap = _round_up(context + 1, 64)
-        state = self.model.random_state(batch, context, cap, seed=seed)
+        state, tokens = self._bench_inputs(batch, context, seed)
         base = state.lengths.clone()
-        gen = torch.Generator().manual_seed(seed)
-        tokens = torch.randint(0, self.model.cfg.n_real_tokens, (batch,), generator=gen).to(self.device)
+        decode = self._compiled_decode() if self.compile_mode and not self.fast_mode else self.model.decode
         if self.use_graphs:
-            g = self._capture(state, lengths_base=base, tokens=tokens)
+            g = self._capture(state, lengths_base=base, tokens=tokens, decode=decode)
             # keep the graph's tensors alive as long as the callable: the replay reads ``base``
             # (a freed one is reused by the next allocation and the lengths become its bytes)
             g.state, g.base = state, base
@@ -233,7 +273,7 @@ class K3Runner:
         else:
             def run() -> None:
                 state.lengths.copy_(base)
-                self.model.decode(tokens, state)
+                decode(tokens, state)
 
         if not self.fast_mode:
             return run
@@ -243,6 +283,23 @@ class K3Runner:
             run()
 
         return fallback
+
+    def _bench_inputs(self, batch: int, context: int, seed: int) -> tuple[DecodeState, torch.Tensor]:
+        """The random-but-valid state and the tokens of a benchmark step (the fast path's
+        bench_hook makes the same ones from the same seed)."""
+        state = self.model.random_state(batch, context, _round_up(context + 1, 64), seed=seed)
+        gen = torch.Generator().manual_seed(seed)
+        tokens = torch.randint(0, self.model.cfg.n_real_tokens, (batch,), generator=gen).to(self.device)
+        return state, tokens
+
+    def step_traffic(self, batch: int, context: int, draft: int = 0, seed: int = 0) -> dict:
+        """Bytes the step ``decode_step(batch, context, draft, seed)`` must move (traffic.py)."""
+        if draft:
+            raise NotImplementedError("speculative decoding (draft > 0) is not supported by K3-mini")
+        from .traffic import decode_traffic
+
+        state, tokens = self._bench_inputs(batch, context, seed)
+        return decode_traffic(self.model, tokens, state)
 
     def prefill_step(self, batch: int, context: int, seed: int = 0) -> Callable[[], None]:
         """A callable prefilling ``batch`` random prompts of ``context`` tokens (eager)."""

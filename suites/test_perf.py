@@ -1,0 +1,304 @@
+"""Perf suite: the fast path strictly better than the compiled standard path in every in-scope
+case (DESIGN §3.5, §4; settings: the spec's ``[perf]`` table, fastpath/spec.py PERF_DEFAULTS).
+
+speedup cases (one per decode shape of the plan): each path's step is the engine's
+``decode_step`` hook (a CUDA-graph replay on GPU: warm-up, compile, autotuning and capture
+happen while it is built, before any timed call, and are reported as ``setup_s``). Rounds of
+A B B A segments (A = standard, B = fast; ``replays`` calls per segment, CUDA events;
+fastpath/perf_timing.py); speedup = median(standard) / median(fast) over rounds with a
+bootstrap CI (fastpath.stats.sequential_speedup): pass iff its lower bound > ``min_speedup``; a
+straddling case gets one more batch of rounds, up to ``max_extra_batches``; still straddling
+= inconclusive = not passed. ``standard_eager`` (where the engine has it and "standard" is
+compiled) is timed beside, reported, not gated. Roofline: the bytes the step must move
+(``Model.step_traffic``, counted from the real tensors and the router's output), the copy
+bandwidth measured in this run, MBU and the minimum step time per path.
+
+control case: the standard step against a second, separately built standard step; the alarm
+rings only beyond the stricter ``control_confidence`` (fastpath.stats.control_alarm).
+
+summary case: the K3-style table (batch | standard tok/s | fast tok/s | speedup [CI] | MBU, per
+context) as a row and as files in the run's artifacts (logs/artifacts/perf/ in the bundle).
+
+``[perf] budget_s``: speedup cases reached after that many seconds are error rows (not measured),
+so a phase that must fit one command still ends with its summary.
+
+Rows gate only on the full tier on supported hardware (spec scope.hardware); elsewhere (the
+CPU smoke tier: the tiny model, few rounds, wall-clock timer) they are ``info`` rows saying why.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fastpath import perf_timing as pt
+from fastpath import stats, trace
+from fastpath import suite_helpers as H
+from fastpath.measure import copy_bandwidth
+
+RESULTS: list[dict] = []  # speedup cases measured in this session, for the summary case
+_SESSION: dict[str, Any] = {}
+
+
+def gating(spec, tier, engine) -> tuple[bool, str]:
+    """(rows gate?, why not): the full tier on a CUDA device whose arch is in scope.hardware."""
+    info = engine.info()
+    hardware = list(spec.scope.get("hardware") or [])
+    where = f"{info.get('device_name') or info.get('device', '?')} ({info.get('arch', '?')})"
+    if H.tier_name(tier) != "full":
+        return False, (f"perf gates on the full tier only; the {H.tier_name(tier)} tier runs the "
+                       f"machinery (on {where}): reported, not gated")
+    if H.device_kind(engine) != "cuda" or info.get("arch") not in hardware:
+        return False, f"the perf gate requires supported hardware ({', '.join(hardware)}); this run is on {where}"
+    return True, ""
+
+
+def run_settings(spec, gated: bool) -> dict:
+    s = dict(spec.perf)
+    if not gated:  # machinery only: few rounds, no extra batch
+        s.update(rounds=s["smoke_rounds"], replays=s["smoke_replays"], warmup=0, max_extra_batches=0,
+                 eager_rounds=min(s["eager_rounds"], 1))
+    return s
+
+
+def bandwidth(engine) -> float:
+    """Copy bandwidth (bytes/s, read + write) measured once in this run: the roofline."""
+    if "bandwidth" not in _SESSION:
+        device = H.device_kind(engine)
+        _SESSION["bandwidth"] = copy_bandwidth(device, None if device == "cuda" else 64 << 20)
+    return _SESSION["bandwidth"]
+
+
+def build(model, batch: int, context: int, draft: int):
+    """(step, setup seconds): the hook built (compile / capture inside) and called once."""
+    t0 = time.perf_counter()
+    step = model.decode_step(batch, context, draft)
+    step()
+    _sync(model)
+    return step, time.perf_counter() - t0
+
+
+def _sync(model) -> None:
+    if str(getattr(model, "device", "cpu")).startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _free() -> None:
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except ImportError:
+        pass
+
+
+def eager_model(fp_models, engine):
+    """The standard path with its step not compiled, where "standard" is compiled; else None."""
+    if engine.info().get("standard_compile") in (None, "", "off"):
+        return None
+    try:
+        return fp_models["standard_eager"]
+    except (ValueError, KeyError):
+        return None
+
+
+def traffic_of(model, batch: int, context: int, draft: int) -> dict | None:
+    fn = getattr(model, "step_traffic", None)
+    return fn(batch, context, draft) if fn is not None else None
+
+
+def median(xs: list[float]) -> float:
+    import statistics
+
+    return float(statistics.median(xs))
+
+
+@pytest.mark.fastpath(kind="speedup", gate="perf_speedup")
+def test_speedup(case, fp_models, fp_engine, fp_spec, fp_tier, record):
+    cfg = H.case_config(case)
+    batch, context, draft = int(cfg["batch"]), int(cfg["context"]), int(cfg.get("draft", 0))
+    gated, why = gating(fp_spec, fp_tier, fp_engine)
+    s = run_settings(fp_spec, gated)
+    status = None if gated else "info"
+    start = _SESSION.setdefault("t0", time.monotonic())
+    if s["budget_s"] and time.monotonic() - start > s["budget_s"]:
+        record("perf_speedup", "speedup_ci_low", None, status="error", path="fast",
+               message=f"not measured: the perf phase's time budget ([perf] budget_s = {s['budget_s']} s) was "
+                       "spent before this case; raise budget_s or run the missing cases with `--only perf` "
+                       "on a fresh run directory")
+        return
+    std_model, fast_model = fp_models["standard"], fp_models["fast"]
+    with trace.recording() as rec:
+        fast_step, fast_setup = build(fast_model, batch, context, draft)
+    fired = bool(rec.engaged())
+    eager = eager_model(fp_models, fp_engine)
+    baseline, baseline_error = "standard", ""
+    try:
+        if "baseline_error" in _SESSION and eager is not None:  # it broke before: do not pay it again
+            raise RuntimeError(_SESSION["baseline_error"])
+        std_step, std_setup = build(std_model, batch, context, draft)
+    except Exception as exc:  # the compiled baseline broke: fail the gate, still measure against eager
+        if eager is None:
+            raise
+        baseline_error = f"building the compiled standard step raised {type(exc).__name__}: {exc}"[:1500]
+        _SESSION.setdefault("baseline_error", baseline_error)
+        baseline, status = "standard_eager", "error"
+        std_step, std_setup = build(eager, batch, context, draft)
+        eager = None
+    timer = pt.segment_timer(H.device_kind(fp_engine))
+    pt.warm_up([std_step, fast_step], s["warmup"])
+    rounds = pt.Rounds()
+
+    def measure(n: int):
+        pt.abba_rounds(std_step, fast_step, n, s["replays"], timer, into=rounds)
+        return rounds.a[-n:], rounds.b[-n:]
+
+    verdict = stats.sequential_speedup(
+        measure, rounds=s["rounds"], max_extra_batches=s["max_extra_batches"], min_speedup=s["min_speedup"],
+        confidence=s["confidence"], n_resamples=s["n_resamples"], seed=zlib.crc32(H.case_id(case).encode()))
+    del fast_step, std_step
+    _free()
+    times = {baseline: median(rounds.a), "fast": median(rounds.b)}
+    setup = {baseline: std_setup, "fast": fast_setup}
+    eager_s: list[float] = []
+    problems: list[str] = [baseline_error] if baseline_error else []
+    if eager is not None and s["eager_rounds"]:
+        try:  # reported beside: its failure must not cost the gated measurement
+            eager_step, setup["standard_eager"] = build(eager, batch, context, draft)
+            eager_s = pt.single_rounds(eager_step, s["eager_rounds"], s["replays"], timer)
+            times["standard_eager"] = median(eager_s)
+            del eager_step
+        except Exception as exc:
+            problems.append(f"standard_eager not timed: {type(exc).__name__}: {exc}"[:500])
+        _free()
+    try:
+        traffic = traffic_of(std_model, batch, context, draft)
+    except Exception as exc:
+        traffic = None
+        problems.append(f"no roofline: step_traffic raised {type(exc).__name__}: {exc}"[:500])
+    bw = bandwidth(fp_engine)
+    roof = {p: pt.roofline(traffic, bw, t) for p, t in times.items()} if traffic else {}
+    evidence = {"standard_s": rounds.a, "fast_s": rounds.b, "standard_eager_s": eager_s, "order": rounds.order(),
+                "segments": rounds.segments, "setup_s": setup, "traffic": traffic, "bandwidth": bw,
+                "roofline": roof, "settings": s, "verdict": verdict.as_dict(),
+                "standard_compile": fp_engine.info().get("standard_compile"), "baseline": baseline,
+                "problems": problems}
+    outcome = verdict.outcome if fired else "fast path did not fire"
+    if not fired:
+        msg = "the fast path reported no event while its step was built: the speedup would compare standard with itself"
+    elif verdict.outcome == "pass":
+        msg = ""
+    else:
+        msg = (f"speedup {verdict.speedup:.3f}x, {100 * verdict.confidence:.1f} % CI [{verdict.ci_low:.3f}, "
+               f"{verdict.ci_high:.3f}] over {verdict.rounds} rounds: {verdict.outcome} against "
+               f"min_speedup {verdict.min_speedup}" + (" (not passed)" if verdict.outcome == "inconclusive" else ""))
+    if baseline_error:
+        msg = f"{baseline_error}; measured against standard_eager instead (not gated). {msg}".strip()
+    if not gated:
+        msg = f"{why}. {msg}".strip()
+    record("perf_speedup", "speedup_ci_low", verdict.ci_low, threshold=s["min_speedup"], comparator=">",
+           passed=fired and verdict.passed, status=status, message=msg,
+           detail={**verdict.as_dict(), "outcome": outcome}, evidence=H.jsonable(evidence), path="fast")
+
+    def info(metric: str, value: float, path: str | None = None, **detail: Any) -> None:
+        record("perf_speedup", metric, value, status="info", message="" if gated else why, path=path,
+               detail=H.jsonable(detail) if detail else None)
+
+    info("speedup", verdict.speedup, "fast", ci_low=verdict.ci_low, ci_high=verdict.ci_high, outcome=outcome,
+         against=baseline + (" (compiled)" if baseline == "standard" and evidence["standard_compile"]
+                             not in (None, "off") else ""), problems=problems)
+    if "standard_eager" in times:
+        info("speedup_vs_eager", times["standard_eager"] / times["fast"], "fast", rounds=len(eager_s))
+    for p, t in times.items():
+        info("step_ms", 1e3 * t, p)
+        info("tokens_per_s", batch / t, p)
+        info("setup_s", setup[p], p)
+        if p in roof:
+            info("mbu", roof[p]["mbu"], p, min_step_ms=1e3 * roof[p]["min_step_s"], bandwidth=bw)
+    if traffic:
+        info("bytes_per_step", traffic["total"], None, **{k: v for k, v in traffic.items() if k != "total"})
+        info("min_step_ms", 1e3 * traffic["total"] / bw, None, bandwidth=bw)
+        if traffic.get("experts_touched"):
+            touched = traffic["experts_touched"]
+            info("experts_touched", sum(touched) / len(touched), None, per_layer=touched,
+                 n_experts=traffic.get("n_experts"))
+    RESULTS.append({"batch": batch, "context": context, "draft": draft, "std_tok_s": batch / times[baseline],
+                    "fast_tok_s": batch / times["fast"], "eager_tok_s": batch / times["standard_eager"]
+                    if "standard_eager" in times else None, "speedup": verdict.speedup, "ci_low": verdict.ci_low,
+                    "ci_high": verdict.ci_high, "mbu": roof.get("fast", {}).get("mbu"),
+                    "mbu_standard": roof.get(baseline, {}).get("mbu"),
+                    "outcome": outcome if not baseline_error else f"error ({baseline} baseline)",
+                    "bytes_per_step": traffic["total"] if traffic else None, "gated": gated})
+
+
+@pytest.mark.fastpath(kind="control", gate="perf_control")
+def test_control(case, fp_models, fp_engine, fp_spec, fp_tier, record):
+    cfg = H.case_config(case)
+    batch, context, draft = int(cfg["batch"]), int(cfg["context"]), int(cfg.get("draft", 0))
+    gated, why = gating(fp_spec, fp_tier, fp_engine)
+    s = run_settings(fp_spec, gated)
+    std = fp_models["standard"]
+    a, _ = build(std, batch, context, draft)
+    b, _ = build(std, batch, context, draft)  # a second, separately built step of the same path
+    timer = pt.segment_timer(H.device_kind(fp_engine))
+    pt.warm_up([a, b], s["warmup"])
+    rounds = pt.abba_rounds(a, b, s["rounds"], s["replays"], timer)
+    del a, b
+    _free()
+    c = stats.control_alarm(rounds.a, rounds.b, confidence=s["control_confidence"],
+                            tolerance=s["control_tolerance"], n_resamples=s["n_resamples"])
+    _SESSION["control"] = c
+    msg = "" if not c["alarm"] else (
+        f"standard vs standard measured {c['speedup']:.4f}x, {100 * c['confidence']:.1f} % CI "
+        f"[{c['ci_low']:.4f}, {c['ci_high']:.4f}] outside 1 +- {c['tolerance']}: the method sees a difference "
+        "where there is none (noisy or drifting machine); the speedups of this run are not trustworthy")
+    if not gated:
+        msg = f"{why}. {msg}".strip()
+    record("perf_control", "control_speedup", c["speedup"], passed=not c["alarm"], status=None if gated else "info",
+           message=msg, detail=H.jsonable(c), evidence=H.jsonable({"a_s": rounds.a, "b_s": rounds.b,
+                                                                   "order": rounds.order()}), path="standard")
+
+
+@pytest.mark.fastpath(kind="summary", gate="perf_speedup")
+def test_summary(case, fp_engine, fp_spec, fp_tier, record, request):
+    gated, why = gating(fp_spec, fp_tier, fp_engine)
+    bw = bandwidth(fp_engine)
+    table = pt.summary_table(RESULTS) if RESULTS else "(no speedup case finished)\n"
+    control = _SESSION.get("control")
+    info = fp_engine.info()
+    head = (f"# perf summary ({H.tier_name(fp_tier)} tier, {info.get('device_name')}, {info.get('model_config')}, "
+            f"standard = torch.compile {info.get('standard_compile')!r})\n\n"
+            f"copy bandwidth (measured in this run): {bw / 1e9:,.1f} GB/s\n")
+    if control:
+        head += (f"control (standard vs standard): {control['speedup']:.4f}x "
+                 f"[{control['ci_low']:.4f}, {control['ci_high']:.4f}] alarm={control['alarm']}\n")
+    s = run_settings(fp_spec, gated)
+    head += (f"speedup = median(standard) / median(fast) over ABBA rounds ({s['rounds']} per look, {s['replays']} "
+             f"replays per segment); CI at {100 * stats.look_confidence(s['confidence'], s['max_extra_batches']):.1f} % "
+             f"per look (the {100 * s['confidence']:.0f} % level split over 1 + {s['max_extra_batches']} looks); "
+             f"pass iff its lower bound > {s['min_speedup']}\n")
+    if not gated:
+        head += f"\nnot gated: {why}\n"
+    text = head + "\n" + table
+    print(text)  # into logs/perf.log
+    out = request.config.getoption("fastpath_artifacts", None)
+    if out:
+        folder = Path(out) / "perf"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "summary.md").write_text(text, encoding="utf-8")
+        (folder / "summary.json").write_text(json.dumps(H.jsonable(
+            {"cases": RESULTS, "bandwidth": bw, "control": control, "gated": gated,
+             "standard_compile": info.get("standard_compile")}), indent=1, sort_keys=True), encoding="utf-8")
+    record("perf_speedup", "summary_cases", len(RESULTS), status="info", message="" if gated else why,
+           evidence=H.jsonable({"table": text, "cases": RESULTS, "bandwidth": bw, "control": control}))
+    record("perf_speedup", "copy_bandwidth", bw, status="info", message="bytes/s, read + write, measured in this run")

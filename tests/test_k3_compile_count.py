@@ -1,0 +1,40 @@
+"""How many compiles the compiled standard step (runner.py) pays over the perf sweep's shapes:
+dynamo only, through a counting backend instead of Inductor, so it runs on the CPU in seconds.
+Batch and cache capacity are marked dynamic: batch 1 compiles once for every context, and one
+more compile serves every larger batch at every context."""
+
+from __future__ import annotations
+
+import torch
+
+from optimized_model.k3.model import K3Model
+from optimized_model.k3.runner import K3Runner
+
+
+def compiles_after_each(monkeypatch, shapes):
+    from torch._dynamo.testing import CompileCounter
+
+    counter = CompileCounter()
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, mode=None, **kw: real(fn, backend=counter))
+    torch._dynamo.reset()
+    try:
+        model = K3Model.build("tiny", device="cpu", dtype=torch.bfloat16, seed=0)
+        runner = K3Runner(model, use_graphs=False, compile_mode="default")
+        seen = []
+        for batch, context in shapes:
+            state, tokens = runner._bench_inputs(batch, context, seed=0)
+            runner._compiled_decode()(tokens, state)
+            seen.append(counter.frame_count)
+        return seen
+    finally:
+        torch._dynamo.reset()
+
+
+def test_one_compile_for_batch_one_and_one_for_every_larger_batch(monkeypatch):
+    seen = compiles_after_each(monkeypatch, [(1, 16), (1, 100), (1, 300), (2, 16), (4, 100), (8, 300), (2, 300)])
+    first, b1, general = seen[0], seen[2], seen[-1]
+    assert first > 0
+    assert b1 == first, seen  # contexts of batch 1: no recompile
+    assert seen[3] == seen[-1], seen  # after the first batch > 1: no recompile
+    assert general <= 2 * first, seen

@@ -1,0 +1,222 @@
+"""The perf suite (suites/test_perf.py) end to end on the CPU: K3-mini's tiny config through the
+embedded engine, one speedup case, the control and the summary; every row is `info` and says
+why it does not gate (the perf gate requires the full tier on supported hardware)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+REAL_SPEC = REPO / "optimized_model" / "k3" / "fastpath.toml"
+
+
+def perf_only_spec(tmp_path: Path) -> Path:
+    """The real spec with the perf gates only and a one-case smoke slice."""
+    text = REAL_SPEC.read_text()
+    head, _, gates = text.partition("[gates]\n")
+    head = head.replace("batch_sizes = [1, 2, 4]\ncontext_lengths = [16, 64]",
+                        "batch_sizes = [1, 2]\ncontext_lengths = [16]", 1)
+    assert "context_lengths = [16]" in head
+    perf_gates = gates[gates.index("[gates.perf_speedup]"):]
+    path = tmp_path / "fastpath.toml"
+    path.write_text(head + "[gates]\nversion = \"test\"\n\n" + perf_gates)
+    return path
+
+
+@pytest.fixture(scope="module")
+def perf_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("perf")
+    spec = perf_only_spec(tmp)
+    rows, artifacts = tmp / "rows.jsonl", tmp / "artifacts"
+    (tmp / "pytest.ini").write_text("[pytest]\n")
+    cmd = [sys.executable, "-m", "pytest", str(REPO / "suites" / "test_perf.py"), "-c", str(tmp / "pytest.ini"),
+           "--rootdir", str(REPO / "suites"), "-p", "fastpath.pytest_plugin", "-p", "no:cacheprovider",
+           "--import-mode=importlib", "-q", "--fastpath-spec", str(spec), "--fastpath-tier", "smoke",
+           "--fastpath-rows", str(rows), "--fastpath-suite", "perf", "--fastpath-artifacts", str(artifacts)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [json.loads(line) for line in rows.read_text().splitlines()], artifacts
+
+
+def test_every_case_has_rows_and_none_gates_on_cpu(perf_run):
+    rows, _ = perf_run
+    cases = {r["case_id"] for r in rows}
+    assert cases == {"perf/speedup/b1-c16-d0", "perf/speedup/b2-c16-d0", "perf/control/b1-c16-d0",
+                     "perf/summary/table"}
+    waived = [r for r in rows if r["case_id"] == "perf/speedup/b2-c16-d0"]
+    assert [r["status"] for r in waived] == ["waived"] and "smallest batch only" in waived[0]["message"]
+    measured = [r for r in rows if r["case_id"] != "perf/speedup/b2-c16-d0"]
+    assert measured and all(r["status"] == "info" for r in measured)
+    gate_rows = [r for r in measured if r["metric"] in ("speedup_ci_low", "control_speedup")]
+    assert len(gate_rows) == 2 and all("full tier" in r["message"] for r in gate_rows)
+
+
+def test_speedup_case_reports_paths_roofline_and_abba_order(perf_run):
+    rows, _ = perf_run
+    mine = [r for r in rows if r["case_id"] == "perf/speedup/b1-c16-d0"]
+    by = {(r["metric"], r["path"]): r for r in mine}
+    for path in ("standard", "fast"):
+        for metric in ("step_ms", "tokens_per_s", "setup_s", "mbu"):
+            assert (metric, path) in by, (metric, path)
+        assert by[("tokens_per_s", path)]["value"] == pytest.approx(1e3 / by[("step_ms", path)]["value"])
+    head = by[("speedup_ci_low", "fast")]
+    ev = json.loads(head["evidence"])
+    assert ev["order"] == "ABBA" * 2  # smoke_rounds = 2, what the timer saw
+    assert len(ev["standard_s"]) == len(ev["fast_s"]) == 2
+    assert ev["traffic"]["total"] == by[("bytes_per_step", None)]["value"]
+    assert json.loads(by[("experts_touched", None)]["detail"])["per_layer"]  # routed experts per MoE layer
+    mbu = by[("mbu", "fast")]["value"]
+    assert mbu == pytest.approx(ev["traffic"]["total"] / ev["bandwidth"] / (by[("step_ms", "fast")]["value"] / 1e3))
+
+
+def test_summary_table_is_a_row_and_an_artifact(perf_run):
+    rows, artifacts = perf_run
+    summary = next(r for r in rows if r["metric"] == "summary_cases")
+    assert summary["value"] == 1
+    text = (artifacts / "perf" / "summary.md").read_text()
+    assert "### context 16" in text and "| 1 |" in text and "control (standard vs standard)" in text
+    assert json.loads(summary["evidence"])["table"] == text
+    data = json.loads((artifacts / "perf" / "summary.json").read_text())
+    assert data["cases"][0]["batch"] == 1 and data["gated"] is False
+
+
+def _perf_module():
+    import importlib.util
+    import warnings
+
+    spec = importlib.util.spec_from_file_location("_suite_perf", REPO / "suites" / "test_perf.py")
+    mod = importlib.util.module_from_spec(spec)
+    with warnings.catch_warnings():  # the fastpath mark is registered by the plugin, absent here
+        warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
+        spec.loader.exec_module(mod)
+    return mod
+
+
+class _Engine:
+    def __init__(self, device, arch):
+        self._info = {"device": device, "arch": arch, "device_name": "x"}
+
+    def info(self):
+        return self._info
+
+
+class _Tier:
+    def __init__(self, name):
+        self.name = name
+
+
+def test_gating_needs_the_full_tier_on_in_scope_hardware():
+    from fastpath.spec import load_spec
+
+    perf = _perf_module()
+    spec = load_spec(REAL_SPEC)
+    assert perf.gating(spec, _Tier("full"), _Engine("cuda", "sm_90")) == (True, "")
+    ok, why = perf.gating(spec, _Tier("full"), _Engine("cuda", "sm_80"))
+    assert not ok and "requires supported hardware (sm_90)" in why
+    ok, why = perf.gating(spec, _Tier("full"), _Engine("cpu", "cpu"))
+    assert not ok and "supported hardware" in why
+    ok, why = perf.gating(spec, _Tier("smoke"), _Engine("cuda", "sm_90"))
+    assert not ok and "full tier only" in why
+    # not gated: few rounds, no extra batch
+    s = perf.run_settings(spec, gated=False)
+    assert s["rounds"] == spec.perf["smoke_rounds"] and s["max_extra_batches"] == 0
+
+
+def test_cases_past_the_time_budget_are_error_rows_not_measured():
+    import time
+
+    from fastpath.spec import load_spec
+
+    perf = _perf_module()
+    spec = load_spec(REAL_SPEC)
+    perf._SESSION["t0"] = time.monotonic() - 10 * spec.perf["budget_s"]
+    rows = []
+
+    class Models:
+        def __getitem__(self, path):
+            raise AssertionError("a case past the budget must not load or time anything")
+
+    case = {"case_id": "perf/speedup/b1-c1024-d0", "config": {"batch": 1, "context": 1024, "draft": 0}}
+    perf.test_speedup(case, Models(), _Engine("cuda", "sm_90"), spec, _Tier("full"),
+                      lambda *a, **k: rows.append((a, k)))
+    (args, kw), = rows
+    assert args[:2] == ("perf_speedup", "speedup_ci_low") and kw["status"] == "error"
+    assert "budget_s" in kw["message"]
+
+
+class _FakeModel:
+    """A step that sleeps ``seconds``; "fast" reports a fast-path event; ``broken`` raises."""
+
+    device = "cpu"
+
+    def __init__(self, seconds, fast=False, broken=False):
+        self.seconds, self.fast, self.broken = seconds, fast, broken
+
+    def decode_step(self, batch, context, draft=0):
+        import time
+
+        from fastpath import trace
+
+        if self.broken:
+            raise RuntimeError("inductor exploded")
+
+        def step():
+            if self.fast:
+                trace.engaged("decode", "fake", batch=batch)
+            time.sleep(self.seconds)
+
+        return step
+
+    def step_traffic(self, batch, context, draft=0):
+        return {"total": 1000, "weights": 1000, "experts": 0, "embedding": 0, "state": 0, "cache": 0, "io": 0,
+                "experts_touched": [], "n_experts": 0}
+
+
+def test_a_broken_compiled_baseline_fails_the_gate_and_is_measured_against_eager(tmp_path):
+    from fastpath.spec import load_spec
+
+    perf = _perf_module()
+    spec = load_spec(perf_only_spec(tmp_path))
+    perf._SESSION.clear()
+    perf._SESSION["bandwidth"] = 1e9
+    models = {"standard": _FakeModel(0.002, broken=True), "standard_eager": _FakeModel(0.002),
+              "fast": _FakeModel(0.001, fast=True)}
+    engine = _Engine("cpu", "cpu")
+    engine._info["standard_compile"] = "default"
+    rows = []
+    case = {"case_id": "perf/speedup/b1-c16-d0", "config": {"batch": 1, "context": 16, "draft": 0}}
+    perf.test_speedup(case, models, engine, spec, _Tier("smoke"), lambda *a, **k: rows.append((a, k)))
+    head = next(k for a, k in rows if a[1] == "speedup_ci_low")
+    assert head["status"] == "error" and "inductor exploded" in head["message"]
+    assert "against standard_eager instead" in head["message"]
+    paths = {k.get("path") for a, k in rows if a[1] == "step_ms"}
+    assert paths == {"standard_eager", "fast"}
+    assert perf.RESULTS[-1]["outcome"].startswith("error")
+
+
+def test_verify_prints_a_verdict_with_info_only_gates():
+    """Smoke-tier perf gates hold only info rows: the verdict table must print them (it crashed
+    with KeyError 'info' at the end of a smoke verify)."""
+    import io
+
+    from rich.console import Console
+
+    from fastpath.gates import GATE_STATUS_TABLE, GateResult
+    from fastpath.verify import _print_verdict
+
+    class V:
+        tier = "smoke"
+        verdict = "pass"
+        failing_rows: list = []
+        gates = {s: GateResult(f"g_{s}", "perf", s, 1, 0, 0, "") for s in GATE_STATUS_TABLE}
+
+    out = io.StringIO()
+    _print_verdict(V(), Console(file=out, width=200))
+    assert "g_info" in out.getvalue() and "info" in out.getvalue()
