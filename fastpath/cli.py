@@ -194,6 +194,27 @@ def check(
 
 @app.command()
 @friendly
+def report(
+    bundle: Path = typer.Argument(..., help="NAME.TIER.fastpath.tar.gz or NAME.TIER.fastpath/"),
+    out: Optional[Path] = typer.Option(None, "--out", help="the page to write (default: ./NAME.TIER.fastpath.report.html)"),
+) -> None:
+    """Re-render a bundle's report.html from its own files (opened as `check` opens it)."""
+    from fastpath.errors import UsageError
+    from fastpath.report.rerender import rerender
+    from fastpath.safe_tar import UnsafeBundle
+
+    if not Path(bundle).exists():
+        raise UsageError(f"no such bundle: {bundle}", "pass a NAME.fastpath.tar.gz or NAME.fastpath/ directory")
+    try:
+        done = rerender(Path(bundle), out)
+    except UnsafeBundle as exc:
+        raise UsageError(f"{bundle} cannot be opened safely: {exc}",
+                         "pass a bundle that `fastpath verify` wrote; `fastpath check` says what is wrong with it") from None
+    typer.echo(f"report: {done.out}\n  {done.message()}")
+
+
+@app.command()
+@friendly
 def digest(
     spec: Optional[Path] = typer.Argument(None, help="the spec, relative to --source "
                                           "(default: [tool.fastpath] default_spec of --source's pyproject.toml)"),

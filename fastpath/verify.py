@@ -441,19 +441,32 @@ def _finish(spec: Spec, plan: Plan, state: RunState, repo_root: Path, opts: Veri
         sign_bundle(staged, Path(opts.key))
 
     # Written, signed and packed under a temp name; renamed into place last (fastpath.bundle).
+    name = bundle_mod.bundle_name(spec.name, plan.tier)
     bundle_dir = bundle_mod.write_bundle(
-        state.run_dir / bundle_mod.bundle_name(spec.name, plan.tier), spec_path=spec.path, plan=plan.to_json(),
+        state.run_dir / name, spec_path=spec.path, plan=plan.to_json(),
         rows=verdict.rows, summary=summary, environment=environment, logs_dir=state.root / "logs",
-        attested=attested, sign=sign_staged if signed else None, archive=True)
+        attested=attested, sign=sign_staged if signed else None, archive=True,
+        report=lambda staged: _report_page(staged, name))
     archive = bundle_mod.archive_path(bundle_dir)
     _print_verdict(verdict, console)
     code = {"pass": EXIT_PASS, "fail": EXIT_FAIL}.get(verdict.verdict, EXIT_INCOMPLETE)
-    message = f"bundle {archive}" + (" (signed)" if signed else " (not signed)")
+    message = (f"bundle {archive}" + (" (signed)" if signed else " (not signed)")
+               + f"; report {bundle_dir / 'report.html'}")
     if not verdict.complete:
         missing = [s for s, st in verdict.suites.items() if st == "not_run"]
         message += (f"; incomplete: suites not run yet: {', '.join(missing)}. Run them with "
                     f"`fastpath verify --resume {state.run_dir} --only {','.join(missing)}`")
     return VerifyResult(code, verdict.verdict, state.run_dir, bundle_dir, archive, signed, message)
+
+
+def _report_page(bundle_dir: Path, name: str) -> str:
+    """report.html of the staged bundle; a renderer fault never costs the run its evidence."""
+    from fastpath.report import render, unavailable_page
+
+    try:
+        return render(bundle_dir, name=name)
+    except Exception as exc:  # noqa: BLE001 - the evidence matters more than its page
+        return unavailable_page(f"{type(exc).__name__}: {exc}")
 
 
 def _print_verdict(verdict: Verdict, console: Any) -> None:

@@ -45,11 +45,12 @@ def environment(autoescape: bool = True) -> jinja2.Environment:
                               undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 
 
-def context(bundle_dir: Path, checked: dict | None = None) -> dict[str, Any]:
+def context(bundle_dir: Path, checked: dict | None = None, name: str | None = None) -> dict[str, Any]:
     """Everything the template shows, computed from the bundle directory."""
     from fastpath import __version__
 
     view = BundleView(Path(bundle_dir))
+    name = name or Path(bundle_dir).name
     states = sections.suite_states(view)
     ran = {s["name"]: s["ran"] for s in states}
     suites_with_rows = sorted({str(r.get("suite")) for r in view.records()})
@@ -61,18 +62,19 @@ def context(bundle_dir: Path, checked: dict | None = None) -> dict[str, Any]:
         "perf": sections.perf_section(view), "env": sections.environment(view),
         "other_suites": [(cap(n, 100), sections.suite_rows(view, n)) for n in others],
         "all_rows": [(cap(n, 100), sections.suite_rows(view, n)) for n in suites_with_rows],
-        "commands": sections.reproduce(view, Path(bundle_dir).name), "bundle_name": cap(Path(bundle_dir).name, 300),
+        "commands": sections.reproduce(view, name), "bundle_name": cap(name, 300),
         "checked": checked, "nav": NAV, "version": __version__,
     }
     ctx["problems"] = sorted(set(view.problems))
     return ctx
 
 
-def render(bundle_dir: Path, checked: dict | None = None) -> str:
+def render(bundle_dir: Path, checked: dict | None = None, name: str | None = None) -> str:
     """The report page of a bundle directory. ``checked``: `fastpath check`'s outcome to show
     on top ({"passed", "line", "failures": [{"rule", "reason"}]}), when the page is re-rendered
-    by the checker."""
-    ctx = context(bundle_dir, checked)
+    by the checker. ``name``: the bundle's name (default: the directory's; a staged bundle's
+    temp directory passes its final name)."""
+    ctx = context(bundle_dir, checked, name)
     page = environment().get_template("report.html.j2")
     return page.render(**_mark_safe(ctx), csp=CSP, script=jinja2.utils.markupsafe.Markup(SCRIPT))
 
@@ -88,3 +90,13 @@ def _mark_safe(ctx: dict) -> dict:
         perf["heatmaps"] = [Markup(h) for h in perf["heatmaps"]]
         perf["roofline"] = Markup(perf["roofline"])
     return {**ctx, "kernels": kernels, "perf": perf}
+
+
+def unavailable_page(reason: str) -> str:
+    """The page a bundle carries when its report could not be drawn (a renderer fault)."""
+    from markupsafe import escape
+
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f'<meta http-equiv="Content-Security-Policy" content="{CSP}"><title>fastpath report unavailable</title>'
+            f"</head><body><p>The report could not be rendered: {escape(cap(reason, 2000))}.</p>"
+            "<p>Re-render it with <code>fastpath report BUNDLE</code>.</p></body></html>\n")
