@@ -21,7 +21,7 @@ from matplotlib.figure import Figure  # noqa: E402  (after choosing the backend)
 _RC = {"svg.fonttype": "none", "font.size": 9, "axes.titlesize": 10, "svg.image_inline": True,
        "path.simplify": False}
 _METADATA = re.compile(r"\s*<metadata>.*?</metadata>", re.S)
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.:+/ -]")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.:+/=,() -]")
 
 
 def plain(label: object, limit: int = 40) -> str:
