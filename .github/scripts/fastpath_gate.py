@@ -32,6 +32,8 @@ from pathlib import Path, PurePosixPath
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 TIER = "full"
 TAIL = 2000  # characters of a failing command's stderr kept in the summary
+# $GITHUB_STEP_SUMMARY takes at most 1 MiB per step: each spec's check report is capped well below.
+REPORT_CAP = 200_000
 
 UNCHANGED, PASS, FAIL, MISSING = "unchanged (skipped)", "pass", "fail", "missing bundle"
 ICON = {UNCHANGED: "⏭", PASS: "✅", FAIL: "❌", MISSING: "❌"}
@@ -186,8 +188,11 @@ def summary(results: list[Result]) -> str:
                      f"{f'`{_cell(r.bundle)}`' if r.bundle else '—'} | {verdict} |")
     for r in results:
         if r.report:
+            report = r.report.strip()
+            if len(report) > REPORT_CAP:  # cut at a line end: a table row is never left half-written
+                report = report[:report.rfind("\n", 0, REPORT_CAP)] + "\n\n… (report cut to fit the step summary)"
             lines += ["", f"<details{' open' if not r.ok else ''}><summary>fastpath check: {_cell(r.spec)}</summary>",
-                      "", r.report.strip(), "", "</details>"]
+                      "", report, "", "</details>"]
     return "\n".join(lines) + "\n"
 
 
