@@ -765,12 +765,28 @@ def _validate_inputs(bundle: Path, trust: Path) -> None:
         with open(bundle, "rb") as f:
             if f.read(2) != b"\x1f\x8b":
                 raise BadInput(f"{bundle} is not a bundle (not a .tar.gz file)")
+        if not _starts_like_tar(bundle):
+            raise BadInput(f"{bundle} is not a bundle (gzip, but not of a tar archive)")
     else:
         raise BadInput(f"no such bundle: {bundle}")
     try:
         load_trust(trust)
     except Fail as e:
         raise BadInput(str(e)) from None
+
+
+def _starts_like_tar(path: Path) -> bool:
+    """Whether the gzip's first block is a POSIX tar header (what `pack` writes): a cheap look
+    before the safe extraction, so a stray .tar.gz gets one line instead of a table of rules."""
+    import gzip
+    import zlib
+
+    try:
+        with gzip.open(path, "rb") as f:
+            head = f.read(512)
+    except (OSError, EOFError, zlib.error):
+        return True  # a broken archive is the safe extraction's to explain
+    return len(head) == 512 and head[257:262] == b"ustar"
 
 
 def main_check(bundle: Path, *, trust: Path = Path("bundles/trusted_keys.toml"), source: Path = Path("."),

@@ -178,9 +178,14 @@ def keygen(
     """Create an Ed25519 signing key pair (private key 0600, outside the repository by default)."""
     from fastpath.signing import generate_keypair
 
+    from fastpath.signing import load_public_key, public_key_hex
+
     private, public, kid = generate_keypair(out, pub)
-    typer.echo(f"private key: {private}\npublic key:  {public}\nkeyid:       {kid}")
-    typer.echo("add the public key to bundles/trusted_keys.toml to let CI trust your bundles")
+    typer.echo(f"private key: {private}\npublic key:  {public}\nkeyid:       {kid}\n")
+    typer.echo("To let CI trust your bundles, add this to bundles/trusted_keys.toml in a change of its own\n"
+               "(narrow tiers to [\"smoke\"] for a machine without a GPU in scope):\n")
+    typer.echo(f'[[keys]]\nkeyid = "{kid}"\npublic_key = "{public_key_hex(load_public_key(public))}"\n'
+               f'owner = "YOUR NAME (machine)"\ntiers = ["smoke", "full"]')
 
 
 @app.command()
@@ -197,6 +202,9 @@ def sign(
     if not Path(bundle).is_dir():
         raise UsageError(f"{bundle} is not a bundle directory",
                          "pass the NAME.fastpath/ directory that `fastpath verify` wrote (not the .tar.gz)")
+    if not (Path(bundle) / "summary.json").is_file():
+        raise UsageError(f"{bundle} has no summary.json: it is not a bundle directory",
+                         "pass the NAME.fastpath/ directory inside the --out of a finished `fastpath verify`")
     # Signed and packed in a staged copy: an interrupt leaves the old directory and archive intact.
     archive = reseal(Path(bundle), lambda staged: sign_bundle(staged, Path(key)))
     typer.echo(f"signed: {Path(bundle) / ENVELOPE}\narchive: {archive}")
