@@ -132,7 +132,12 @@ def plan(
 
 
 def _config_text(config: dict) -> str:
-    return " ".join(f"{k}={v}" for k, v in config.items())
+    """The parameters that apply to a case: no unset ones, and an out-of-scope value only on the
+    fallback case that uses it (out_of_scope_batch on batch_out_of_scope, not on prefill)."""
+    fallback = str(config.get("fallback") or "")
+    shown = {k: v for k, v in config.items() if v is not None
+             and not (k.startswith("out_of_scope_") and k.removeprefix("out_of_scope_") not in fallback)}
+    return " ".join(f"{k}={v}" for k, v in shown.items())
 
 
 # --------------------------------------------------------------------------- verify

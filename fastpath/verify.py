@@ -186,6 +186,26 @@ def _torn(path: Path, detail: str) -> UsageError:
 
 # --------------------------------------------------------------------------- progress
 
+MARKS = {"pass": "✓", "fail": "✗", "error": "!", "waived": "~", "info": "·"}
+
+
+def progress_line(row: dict) -> str:
+    """One row as a progress line: the case AND what in it was checked (component, kernel,
+    dtype, path), so the rows of one case never print as identical lines; a waiver keeps its
+    reason, a value its threshold."""
+    where = " ".join(str(row[k]) for k in ("component", "kernel", "dtype", "path") if row.get(k) not in (None, ""))
+    head = f"  {MARKS.get(row.get('status'), '?')} {row.get('case_id')}" + (f" [{where}]" if where else "")
+    what = f"{row.get('gate') or '(no gate)'}: {row.get('metric')}"
+    value = row.get("value")
+    if isinstance(value, (int, float)) and value == value:
+        what += f" = {value:.4g}"
+        if row.get("comparator") and isinstance(row.get("threshold"), (int, float)):
+            what += f" (needs {row['comparator']} {row['threshold']:.4g})"
+    message = str(row.get("message") or "")
+    line = f"{head}  {what}" + (f" — {message}" if message else "")
+    return line if len(line) <= 400 else line[:399] + "…"
+
+
 class ProgressHook:
     """A pytest plugin object: prints a line per new row and notices Ctrl-C."""
 
@@ -197,11 +217,7 @@ class ProgressHook:
     def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
         rows = read_rows(self.rows_path)
         for row in rows[self.seen:]:
-            mark = {"pass": "[green]✓[/]", "fail": "[red]✗[/]", "error": "[red]![/]", "waived": "[yellow]~[/]"}
-            value = "" if row.get("value") is None else f" = {row['value']:.4g}"
-            self.console.print(f"  {mark.get(row['status'], '?')} {row['case_id']}  {row['gate']}: "
-                               f"{row['metric']}{value} {row.get('message') or ''}".rstrip()[:200],
-                               highlight=False)
+            self.console.print(progress_line(row), highlight=False, markup=False)
         self.seen = len(rows)
         self.on_case()
 
@@ -319,21 +335,26 @@ def _prepare(opts: VerifyOptions, console: Any) -> tuple[Spec, str, Path, RunSta
     spec_path = Path(opts.spec) if opts.spec else default_spec(Path.cwd())
     spec = load_spec(spec_path)
     repo_root = repo_root_for(spec_path)
+    why = ""
     if opts.tier == "auto":
         tier, why = detect_tier(spec)
-        console.print(f"tier [bold]{tier}[/] ({why})")
     else:
         tier = opts.tier
     spec.tier(tier)  # a SpecError naming the defined tiers if missing
+    # Every argument is judged before anything is written or printed: a usage error leaves no run.
+    _selected_suites(build_plan(spec, tier), opts.only)
     run_dir = Path(opts.out) if opts.out else repo_root / "out" / f"{spec.name}-{tier}-{time.strftime('%Y%m%d-%H%M%S')}"
     state = RunState(run_dir)
     if state.exists:
         raise UsageError(f"{run_dir} already holds a run",
                          f"continue it with `fastpath verify --resume {run_dir}`, or choose another --out")
     suites_dir = Path(opts.suites_dir) if opts.suites_dir else repo_root / "suites"
+    attested = _part_digests(_attested(repo_root, spec))
+    if why:
+        console.print(f"tier [bold]{tier}[/] ({why})")
     write_json_atomic({"spec_path": str(spec_path.resolve()), "spec_digest": spec.digest, "tier": tier,
                        "suites_dir": str(suites_dir.resolve()), "repo_root": str(repo_root.resolve()),
-                       "attested": _part_digests(_attested(repo_root, spec))},
+                       "attested": attested},
                       state.root / "run.json")
     return spec, tier, run_dir, state, suites_dir, repo_root
 
@@ -388,9 +409,16 @@ def _run_one_suite(suite: str, spec: Spec, plan: Plan, state: RunState, suites_d
     log_path = state.log_path(suite)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     before = set(sys.modules)
+    from fastpath.progress import reporting_to
+
     try:
         with open(log_path, "w", encoding="utf-8") as log:
-            with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            def note(line: str) -> None:  # to the terminal (pinned stream) and to the suite's log
+                console.print(line, highlight=False, markup=False)
+                log.write(line + "\n")
+                log.flush()
+
+            with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log), reporting_to(note):
                 code = int(pytest.main(args, plugins=[hook]))
     finally:
         _forget_suite_modules(before, suites_dir)
