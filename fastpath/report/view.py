@@ -124,7 +124,10 @@ class BundleView:
         return df.reset_index(drop=True)
 
     def records(self) -> list[dict]:
-        return self.rows().to_dict("records")
+        """The rows as dicts, computed once (every section reads them; do not mutate)."""
+        if "records" not in self._cache:
+            self._cache["records"] = self.rows().to_dict("records")
+        return self._cache["records"]
 
     def text(self, name: str, limit: int = 200_000) -> str | None:
         path = self.dir / name
