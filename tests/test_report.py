@@ -223,3 +223,33 @@ def test_cli_report_and_its_errors(tmp_path, monkeypatch):
     junk.write_bytes(b"not a gzip")
     res = runner.invoke(app, ["report", str(junk)])
     assert res.exit_code == 2 and "cannot be opened safely" in res.output and "Traceback" not in res.output
+
+
+def test_markdown_summary_escapes_and_caps_hostile_values():
+    from fastpath.check import CheckReport, RuleResult
+
+    evil = "<img src=x onerror=alert(1)> | [click](https://evil.example) `code` **bold** www.evil.example a@b.c\n# h"
+    report = CheckReport(evil, [RuleResult("safe_extraction", "d", "pass", []),
+                                RuleResult("manifest", "d", "fail", [evil * 50] * 5000)],
+                         tier="full", signers=[{"keyid": "ab" * 32, "owner": evil}],
+                         bundle_view={"verdict": {"verdict": evil, "gates": [{"name": evil, "status": evil,
+                                                                              "reason": evil}] * 64},
+                                      "perf": [{k: evil for k in ("context", "batch", "standard", "fast", "speedup",
+                                                                  "ci", "mbu", "status")}] * 64})
+    md = report.render_markdown()
+    assert len(md.encode()) < 256 << 10  # far inside the step summary's 1 MiB
+    # what markdown reads as markup: escaped characters are literal, code spans show their text
+    prose = re.sub(r"`[^`\n]*`", "", re.sub(r"\\.", "", md))
+    assert prose.count("`") == 0  # bundle text cannot close a code span early
+    assert "<img" not in prose and "](https" not in prose and "https://" not in prose and "www.evil" not in prose
+    assert "**bold**" not in prose and "\n# h" not in md
+    for line in md.splitlines():
+        if line.startswith("| `manifest`"):
+            assert len(re.findall(r"(?<!\\)\|", line)) == 4  # bundle text adds no table cell
+    assert "… 4980 more" in md
+
+
+def test_checked_report_header_escapes_reasons(tmp_path):
+    d = make_bundle(tmp_path, [], suites={})
+    page = render(d, checked={"passed": False, "line": HOSTILE, "failures": [{"rule": HOSTILE, "reason": HOSTILE}]})
+    assert page.count("<script") == 1 and "<img" not in page and 'id="checked"' in page
