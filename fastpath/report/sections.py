@@ -23,7 +23,9 @@ def fmt(value: object) -> str:
     v = number(value)
     if v is None:
         return cap(value, 60) if isinstance(value, str) else ""
-    if v == int(v) and abs(v) < 1e15:
+    if abs(v) >= 1000 and abs(v) < 1e15:
+        return f"{v:,.0f}"  # tokens/s, bytes: digits grouped, no exponent (the sort script drops the commas)
+    if v == int(v):
         return str(int(v))
     return f"{v:.4g}"
 
@@ -100,7 +102,12 @@ def scope(view: BundleView) -> dict:
     per_suite = Counter(str(c.get("suite")) for c in cases if isinstance(c, dict))
     waived = [{"case_id": cap(w.get("case_id") or (w.get("case") or {}).get("case_id")), "reason": cap(w.get("reason"))}
               for w in waivers if isinstance(w, dict)]
+    tiers = spec.get("tiers") if isinstance(spec.get("tiers"), dict) else {}
+    summary_tier = view.json("summary.json").get("tier")
+    tier = tiers.get(summary_tier) if isinstance(summary_tier, str) else None
+    narrowed = sorted((tier or {}).items()) if isinstance(tier, dict) else []
     return {"scope": [(cap(k, 60), cap(v, 400)) for k, v in sorted(sc.items())],
+            "tier": [(cap(k, 60), cap(v, 400)) for k, v in narrowed], "tier_name": cap(summary_tier, 20),
             "cases": [(cap(k, 100), n) for k, n in sorted(per_suite.items())], "waivers": waived,
             "spec_text": spec_text}
 

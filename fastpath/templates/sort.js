@@ -7,7 +7,7 @@ document.querySelectorAll("table.sortable thead th").forEach(function (th) {
     th.setAttribute("aria-sort", asc ? "ascending" : "descending");
     var key = function (row) {
       var t = row.cells[col] ? row.cells[col].textContent.trim() : "";
-      var n = parseFloat(t);
+      var n = parseFloat(t.replace(/,/g, ""));
       return /^[-+]?[0-9.]/.test(t) && !isNaN(n) ? n : t;
     };
     var rows = Array.prototype.slice.call(body.rows);
