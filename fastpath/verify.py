@@ -201,9 +201,11 @@ def progress_line(row: dict) -> str:
         what += f" = {value:.4g}"
         if row.get("comparator") and isinstance(row.get("threshold"), (int, float)):
             what += f" (needs {row['comparator']} {row['threshold']:.4g})"
-    message = str(row.get("message") or "")
+    lines = [ln.strip() for ln in str(row.get("message") or "").splitlines() if ln.strip()]
+    # One line per row: a traceback shows where it started and how it ended (the log has it all).
+    message = "" if not lines else lines[0] if len(lines) == 1 else f"{lines[0]} … {lines[-1]}"
     line = f"{head}  {what}" + (f" — {message}" if message else "")
-    return line if len(line) <= 400 else line[:399] + "…"
+    return line if len(line) <= 300 else line[:299] + "…"
 
 
 class ProgressHook:
@@ -217,7 +219,7 @@ class ProgressHook:
     def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
         rows = read_rows(self.rows_path)
         for row in rows[self.seen:]:
-            self.console.print(progress_line(row), highlight=False, markup=False)
+            self.console.print(progress_line(row), highlight=False, markup=False, soft_wrap=True)
         self.seen = len(rows)
         self.on_case()
 

@@ -142,6 +142,9 @@ def test_progress_lines_name_the_component_and_keep_waiver_reasons():
     waiver = progress_line(make_row("kernels", "k/x", "kernels_finite", "dtype_supported", status="waived",
                                     kernel="gemv_cute", message="nvidia-cutlass-dsl not importable"))
     assert waiver.startswith("  ~ k/x [gemv_cute]") and waiver.endswith("— nvidia-cutlass-dsl not importable")
+    crash = progress_line(make_row("parity", "p/c16", "parity_kl", "kl", status="error",
+                                   message="call raised: x\n  File a.py\n    ^^^^\nE   RuntimeError: boom\n"))
+    assert "\n" not in crash and crash.endswith("— call raised: x … E   RuntimeError: boom")
 
 
 def test_notes_from_inside_a_case_reach_the_terminal_only_during_verify():
