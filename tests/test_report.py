@@ -253,3 +253,15 @@ def test_checked_report_header_escapes_reasons(tmp_path):
     d = make_bundle(tmp_path, [], suites={})
     page = render(d, checked={"passed": False, "line": HOSTILE, "failures": [{"rule": HOSTILE, "reason": HOSTILE}]})
     assert page.count("<script") == 1 and "<img" not in page and 'id="checked"' in page
+
+
+def test_a_bundle_cannot_ask_for_a_vast_chart(tmp_path):
+    rows = [make_row("perf", f"perf/b{b}", "perf_speedup", "speedup", 1.1, threshold=1.0, comparator=">", batch=b,
+                     context=b * 3, detail={"bytes_per_step_fast": -1.0, "step_ms_fast": 0.0}) for b in range(1, 400)]
+    rows += [make_row("kernels", "k", "kernels_noise_floor", "max_abs_err", 0.1, threshold=1.0, comparator="<=",
+                      kernel=f"kernel{i}") for i in range(300)]
+    page = render(make_bundle(tmp_path, rows, suites={"perf": "done", "kernels": "done"}))
+    heat = page[page.index('id="perf-heatmap-1"'):page.index("</figure>", page.index('id="perf-heatmap-1"'))]
+    assert len(re.findall(r"<text[^>]*>[^<]*×</text>", heat)) <= 32 * 32
+    assert "perf-roofline" not in page  # no positive bytes/time: nothing to draw on log axes
+    assert "kernel59<" in page and "kernel60<" not in page.split('id="kernels"')[1].split("<details>")[0]

@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 from fastpath.report.view import integer, loads_object, number
 
 PATH_METRICS = ("tokens_per_s", "step_ms", "mbu", "bytes_per_step")
+# A chart stays readable (and a hostile bundle cannot ask matplotlib for a vast figure).
+MAX_AXIS = 32
+MAX_POINTS = 2000
 
 
 @dataclass
@@ -112,7 +115,7 @@ def roofline_points(cases: list[PerfCase]) -> list[dict]:
             if figures.get("bytes_per_step") and figures.get("step_ms"):
                 points.append({"path": path, "bytes": figures["bytes_per_step"], "step_ms": figures["step_ms"],
                                "batch": c.batch})
-    return points
+    return [p for p in points if p["bytes"] > 0 and p["step_ms"] > 0][:MAX_POINTS]  # log axes
 
 
 def grids(cases: list[PerfCase]) -> list[dict]:
@@ -127,6 +130,6 @@ def grids(cases: list[PerfCase]) -> list[dict]:
         if c.status in ("pass", "fail", "error"):
             g["passed"][(c.batch, c.context)] = c.status == "pass"
     for g in out.values():
-        g["batches"] = sorted({b for b, _ in g["speedup"]})
-        g["contexts"] = sorted({c for _, c in g["speedup"]})
+        g["batches"] = sorted({b for b, _ in g["speedup"]})[:MAX_AXIS]
+        g["contexts"] = sorted({c for _, c in g["speedup"]})[:MAX_AXIS]
     return [out[k] for k in sorted(out, key=lambda k: tuple(-1 if v is None else v for v in k))]

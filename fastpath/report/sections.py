@@ -16,6 +16,7 @@ from fastpath.report.view import BundleView, cap, integer, loads_object, number,
 KNOWN_SUITES = ("coverage", "kernels", "parity", "evals", "features", "perf")
 MAX_TABLE_ROWS = 5000   # rows of one suite's full table (the rest: results/rows.parquet)
 MAX_FAILING_SHOWN = 200
+MAX_CHART_KERNELS = 60
 CONFIG_KEYS = ("tp", "batch", "context", "draft", "dtype", "path", "component", "kernel")
 
 
@@ -149,7 +150,8 @@ def kernels(view: BundleView) -> dict:
                      "ratio": fmt(ratio), "status": cap(r.get("status"), 20)})
         if ratio is not None:
             by_kernel.setdefault(kernel, []).append(ratio)
-    chart = charts.error_vs_tolerance(list(by_kernel), list(by_kernel.values()), "kernels") if by_kernel else ""
+    shown = dict(list(by_kernel.items())[:MAX_CHART_KERNELS])
+    chart = (charts.error_vs_tolerance(list(shown), [v[:500] for v in shown.values()], "kernels") if shown else "")
     others = [display_row(r) for r in view.records() if r.get("suite") == "kernels" and r.get("metric") != "max_abs_err"]
     return {"rows": rows[:MAX_TABLE_ROWS], "chart": chart, "checks": _check_counts(others)}
 
