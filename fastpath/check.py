@@ -611,7 +611,8 @@ class CheckReport:
     def to_dict(self) -> dict:
         return {"bundle": self.bundle, "passed": self.passed, "tier": self.tier, "require_tier": self.require_tier,
                 "spec": self.spec, "freshness": self.freshness, "warnings": list(self.warnings),
-                "rules": [r.__dict__ for r in self.results],
+                "signers": list(self.signers), "not_applicable": dict(self.not_applicable),
+                "incomplete": self.incomplete, "rules": [r.__dict__ for r in self.results],
                 "failures": [f.__dict__ for f in self.failures]}
 
     def to_json(self) -> str:
