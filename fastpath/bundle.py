@@ -111,8 +111,12 @@ def _copy_logs(src: Path, dst: Path) -> None:
 
 def write_bundle(out_dir: Path, *, spec_path: Path, plan: dict, rows: pd.DataFrame, summary: dict,
                  environment: dict, logs_dir: Path | None, report_html: str | None = None,
-                 attested: dict, sign: Callable[[Path], object] | None = None, archive: bool = False) -> Path:
+                 attested: dict, sign: Callable[[Path], object] | None = None, archive: bool = False,
+                 report: Callable[[Path], str] | None = None) -> Path:
     """Write the bundle directory atomically and return its path (manifest included).
+
+    ``report(dir)`` renders report.html from the staged files (fastpath.report.render), so the
+    page shows exactly what the bundle holds; it is listed in the manifest like every other file.
 
     ``sign(dir)`` signs it and ``archive`` packs it while it is still staged under a temp name:
     the final name appears only once everything is done (the archive is replaced first).
@@ -135,6 +139,8 @@ def write_bundle(out_dir: Path, *, spec_path: Path, plan: dict, rows: pd.DataFra
         (tmp / "logs").mkdir()
         if logs_dir is not None and Path(logs_dir).is_dir():
             _copy_logs(Path(logs_dir), tmp / "logs")
+        if report is not None:
+            report_html = report(tmp)
         if report_html is not None:
             (tmp / "report.html").write_text(report_html, encoding="utf-8")
         write_manifest(tmp)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -20,8 +21,45 @@ from rich.table import Table
 
 from fastpath.errors import FastpathError
 
+# rich_markup_mode=None: help texts name "[tool.fastpath]", which rich markup would swallow as a tag.
 app = typer.Typer(name="fastpath", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                  help="Validate a model fast path and produce signed evidence bundles.")
+                  rich_markup_mode=None, help="Validate a model fast path and produce signed evidence bundles.")
+
+
+class Tier(str, Enum):
+    smoke = "smoke"
+    full = "full"
+
+
+class VerifyTier(str, Enum):
+    auto = "auto"
+    smoke = "smoke"
+    full = "full"
+
+
+class Format(str, Enum):
+    text = "text"
+    markdown = "markdown"
+    json = "json"
+
+
+class Freshness(str, Enum):
+    enforce = "enforce"
+    warn = "warn"
+
+
+def _version(value: bool) -> None:
+    if value:
+        from fastpath import __version__
+
+        typer.echo(f"fastpath {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="print the version and exit")) -> None:
+    """Validate a model fast path and produce signed evidence bundles."""
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -65,7 +103,7 @@ def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
 @friendly
 def plan(
     spec: Optional[Path] = typer.Argument(None, help="the fastpath.toml (default: [tool.fastpath] default_spec)"),
-    tier: str = typer.Option("smoke", "--tier", help="smoke | full"),
+    tier: Tier = typer.Option(Tier.smoke, "--tier", help="the tier whose matrix to print"),
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
 ) -> None:
     """Print the case matrix of each suite (and the waivers with their reasons)."""
@@ -73,6 +111,7 @@ def plan(
     from fastpath.spec import load_spec
     from fastpath.verify import default_spec
 
+    tier = tier.value
     the_plan = build_plan(load_spec(spec or default_spec(Path.cwd())), tier)
     if as_json:
         sys.stdout.write(json.dumps(the_plan.to_json(), indent=2) + "\n")
@@ -93,7 +132,12 @@ def plan(
 
 
 def _config_text(config: dict) -> str:
-    return " ".join(f"{k}={v}" for k, v in config.items())
+    """The parameters that apply to a case: no unset ones, and an out-of-scope value only on the
+    fallback case that uses it (out_of_scope_batch on batch_out_of_scope, not on prefill)."""
+    fallback = str(config.get("fallback") or "")
+    shown = {k: v for k, v in config.items() if v is not None
+             and not (k.startswith("out_of_scope_") and k.removeprefix("out_of_scope_") not in fallback)}
+    return " ".join(f"{k}={v}" for k, v in shown.items())
 
 
 # --------------------------------------------------------------------------- verify
@@ -102,7 +146,7 @@ def _config_text(config: dict) -> str:
 @friendly
 def verify(
     spec: Optional[Path] = typer.Argument(None, help="the fastpath.toml (default: [tool.fastpath] default_spec)"),
-    tier: str = typer.Option("auto", "--tier", help="auto | smoke | full (auto: full on a GPU in scope)"),
+    tier: VerifyTier = typer.Option(VerifyTier.auto, "--tier", help="auto: full on a GPU in scope, else smoke"),
     out: Optional[Path] = typer.Option(None, "--out", help="run directory (default: out/NAME-TIER-TIME)"),
     only: Optional[str] = typer.Option(None, "--only", help="run only these suites: SUITE[,SUITE]"),
     resume: Optional[Path] = typer.Option(None, "--resume", help="continue the run in this directory"),
@@ -116,8 +160,7 @@ def verify(
     from fastpath.errors import UsageError
     from fastpath.verify import VerifyOptions, verify as run_verify
 
-    if tier not in ("auto", "smoke", "full"):
-        raise UsageError(f"--tier {tier!r} is not one of auto, smoke, full", "pass --tier auto|smoke|full")
+    tier = tier.value
     if resume is not None and out is not None and Path(out) != Path(resume):
         raise UsageError("--out and --resume name different directories", "pass only --resume DIR")
     opts = VerifyOptions(spec=spec, tier=tier, out=out, resume=resume, key=key, suites_dir=suites_dir,
@@ -140,9 +183,14 @@ def keygen(
     """Create an Ed25519 signing key pair (private key 0600, outside the repository by default)."""
     from fastpath.signing import generate_keypair
 
+    from fastpath.signing import load_public_key, public_key_hex
+
     private, public, kid = generate_keypair(out, pub)
-    typer.echo(f"private key: {private}\npublic key:  {public}\nkeyid:       {kid}")
-    typer.echo("add the public key to bundles/trusted_keys.toml to let CI trust your bundles")
+    typer.echo(f"private key: {private}\npublic key:  {public}\nkeyid:       {kid}\n")
+    typer.echo("To let CI trust your bundles, add this to bundles/trusted_keys.toml in a change of its own\n"
+               "(narrow tiers to [\"smoke\"] for a machine without a GPU in scope):\n")
+    typer.echo(f'[[keys]]\nkeyid = "{kid}"\npublic_key = "{public_key_hex(load_public_key(public))}"\n'
+               f'owner = "YOUR NAME (machine)"\ntiers = ["smoke", "full"]')
 
 
 @app.command()
@@ -159,6 +207,9 @@ def sign(
     if not Path(bundle).is_dir():
         raise UsageError(f"{bundle} is not a bundle directory",
                          "pass the NAME.fastpath/ directory that `fastpath verify` wrote (not the .tar.gz)")
+    if not (Path(bundle) / "summary.json").is_file():
+        raise UsageError(f"{bundle} has no summary.json: it is not a bundle directory",
+                         "pass the NAME.fastpath/ directory inside the --out of a finished `fastpath verify`")
     # Signed and packed in a staged copy: an interrupt leaves the old directory and archive intact.
     archive = reseal(Path(bundle), lambda staged: sign_bundle(staged, Path(key)))
     typer.echo(f"signed: {Path(bundle) / ENVELOPE}\narchive: {archive}")
@@ -172,24 +223,39 @@ def check(
     spec: Optional[Path] = typer.Option(None, "--spec", help="the tree's spec, relative to --source "
                                         "(default: [tool.fastpath] default_spec of --source's pyproject.toml)"),
     trust: Path = typer.Option(Path("bundles/trusted_keys.toml"), "--trust", help="trust policy"),
-    require_tier: Optional[str] = typer.Option(None, "--require-tier", help="smoke | full"),
-    freshness: str = typer.Option("enforce", "--freshness", help="enforce: a stale attested part fails | "
-                                  "warn: staleness only warns, plan/gates judged by the bundle's own spec"),
-    fmt: str = typer.Option("text", "--format", help="text | markdown | json"),
+    require_tier: Optional[Tier] = typer.Option(None, "--require-tier", help="the least tier the bundle must attest"),
+    freshness: Freshness = typer.Option(Freshness.enforce, "--freshness", help="enforce: a stale attested part fails; "
+                                        "warn: staleness only warns, plan/gates judged by the bundle's own spec"),
+    fmt: Format = typer.Option(Format.text, "--format", help="text for a terminal, markdown for a CI step summary"),
+    report_out: Optional[Path] = typer.Option(None, "--report", help="also write the report page re-rendered from "
+                                              "the checked bundle, with the check's outcome on top, to this file"),
 ) -> None:
     """Check a bundle as CI does (hostile input). Exit: 0 pass, 1 fail, 2 usage or unreadable input."""
-    from fastpath.check import FRESHNESS, main_check
-    from fastpath.errors import UsageError
+    from fastpath.check import main_check
 
-    if fmt not in ("text", "markdown", "json"):
-        raise UsageError(f"--format {fmt!r} is not one of text, markdown, json", "pass --format text|markdown|json")
-    if freshness not in FRESHNESS:
-        raise UsageError(f"--freshness {freshness!r} is not one of {', '.join(FRESHNESS)}",
-                         "pass --freshness enforce|warn")
-    if require_tier not in (None, "smoke", "full"):
-        raise UsageError(f"--require-tier {require_tier!r} is not one of smoke, full", "pass --require-tier smoke|full")
-    raise typer.Exit(main_check(bundle, trust=trust, source=source, require_tier=require_tier, fmt=fmt, spec=spec,
-                                freshness=freshness))
+    raise typer.Exit(main_check(bundle, trust=trust, source=source, require_tier=require_tier.value if require_tier else None,
+                                fmt=fmt.value, spec=spec, freshness=freshness.value, report_out=report_out))
+
+
+@app.command()
+@friendly
+def report(
+    bundle: Path = typer.Argument(..., help="NAME.TIER.fastpath.tar.gz or NAME.TIER.fastpath/"),
+    out: Optional[Path] = typer.Option(None, "--out", help="the page to write (default: ./NAME.TIER.fastpath.report.html)"),
+) -> None:
+    """Re-render a bundle's report.html from its own files (opened as `check` opens it)."""
+    from fastpath.errors import UsageError
+    from fastpath.report.rerender import rerender
+    from fastpath.safe_tar import UnsafeBundle
+
+    if not Path(bundle).exists():
+        raise UsageError(f"no such bundle: {bundle}", "pass a NAME.fastpath.tar.gz or NAME.fastpath/ directory")
+    try:
+        done = rerender(Path(bundle), out)
+    except UnsafeBundle as exc:
+        raise UsageError(f"{bundle} cannot be opened safely: {exc}",
+                         "pass a bundle that `fastpath verify` wrote; `fastpath check` says what is wrong with it") from None
+    typer.echo(f"report: {done.out}\n  {done.message()}")
 
 
 @app.command()

@@ -34,7 +34,11 @@ SUBJECT_PREFIX = "fastpath:"  # + a part of fastpath.digest.PARTS
 
 
 class SigningError(Exception):
-    """Signing refused (incomplete run, inconsistent bundle, key problems)."""
+    """Signing refused (incomplete run, inconsistent bundle, key problems); ``fix`` says what to do."""
+
+    def __init__(self, cause: str, fix: str = ""):
+        super().__init__(cause)
+        self.cause, self.fix = cause, fix
 
 
 class SignatureError(Exception):
@@ -74,7 +78,8 @@ def generate_keypair(private_path: Path | None = None, public_path: Path | None 
     public_path = Path(public_path) if public_path else private_path.with_suffix(".pub")
     for p in (private_path, public_path):
         if p.exists():
-            raise SigningError(f"{p} already exists; refusing to overwrite a key")
+            raise SigningError(f"{p} already exists; refusing to overwrite a key",
+                               "keep signing with the existing key, or pass --out NEW_PATH for a second one")
     private_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     public_path.parent.mkdir(parents=True, exist_ok=True)
     key = Ed25519PrivateKey.generate()
@@ -200,7 +205,8 @@ def _read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_bytes())
     except (OSError, json.JSONDecodeError) as e:
-        raise SigningError(f"cannot read {path.name}: {e}") from e
+        raise SigningError(f"cannot read {path.name} in {path.parent}: {e}",
+                           "pass the NAME.fastpath/ directory that `fastpath verify` wrote") from e
 
 
 def build_statement(bundle_dir: Path, predicate: dict | None = None) -> dict:
@@ -251,7 +257,8 @@ def sign_bundle(bundle_dir: Path, private_key_path: Path, predicate: dict | None
     bundle_dir = Path(bundle_dir)
     summary = _read_json(bundle_dir / "summary.json")
     if summary.get("complete") is not True or summary.get("verdict") == "incomplete":
-        raise SigningError("refusing to sign an incomplete run (summary.json: complete is not true)")
+        raise SigningError("refusing to sign an incomplete run (summary.json: complete is not true)",
+                           "finish the run with `fastpath verify --resume RUN_DIR` (it signs when given --key)")
     on_disk = build_manifest(bundle_dir)
     if _read_json(bundle_dir / MANIFEST).get("files") != on_disk["files"]:
         raise SigningError("bundle files differ from manifest.json; re-write the bundle before signing")

@@ -186,6 +186,28 @@ def _torn(path: Path, detail: str) -> UsageError:
 
 # --------------------------------------------------------------------------- progress
 
+MARKS = {"pass": "✓", "fail": "✗", "error": "!", "waived": "~", "info": "·"}
+
+
+def progress_line(row: dict) -> str:
+    """One row as a progress line: the case AND what in it was checked (component, kernel,
+    dtype, path), so the rows of one case never print as identical lines; a waiver keeps its
+    reason, a value its threshold."""
+    where = " ".join(str(row[k]) for k in ("component", "kernel", "dtype", "path") if row.get(k) not in (None, ""))
+    head = f"  {MARKS.get(row.get('status'), '?')} {row.get('case_id')}" + (f" [{where}]" if where else "")
+    what = f"{row.get('gate') or '(no gate)'}: {row.get('metric')}"
+    value = row.get("value")
+    if isinstance(value, (int, float)) and value == value:
+        what += f" = {value:.4g}"
+        if row.get("comparator") and isinstance(row.get("threshold"), (int, float)):
+            what += f" (needs {row['comparator']} {row['threshold']:.4g})"
+    lines = [ln.strip() for ln in str(row.get("message") or "").splitlines() if ln.strip()]
+    # One line per row: a traceback shows where it started and how it ended (the log has it all).
+    message = "" if not lines else lines[0] if len(lines) == 1 else f"{lines[0]} … {lines[-1]}"
+    line = f"{head}  {what}" + (f" — {message}" if message else "")
+    return line if len(line) <= 300 else line[:299] + "…"
+
+
 class ProgressHook:
     """A pytest plugin object: prints a line per new row and notices Ctrl-C."""
 
@@ -197,11 +219,7 @@ class ProgressHook:
     def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
         rows = read_rows(self.rows_path)
         for row in rows[self.seen:]:
-            mark = {"pass": "[green]✓[/]", "fail": "[red]✗[/]", "error": "[red]![/]", "waived": "[yellow]~[/]"}
-            value = "" if row.get("value") is None else f" = {row['value']:.4g}"
-            self.console.print(f"  {mark.get(row['status'], '?')} {row['case_id']}  {row['gate']}: "
-                               f"{row['metric']}{value} {row.get('message') or ''}".rstrip()[:200],
-                               highlight=False)
+            self.console.print(progress_line(row), highlight=False, markup=False, soft_wrap=True)
         self.seen = len(rows)
         self.on_case()
 
@@ -319,21 +337,26 @@ def _prepare(opts: VerifyOptions, console: Any) -> tuple[Spec, str, Path, RunSta
     spec_path = Path(opts.spec) if opts.spec else default_spec(Path.cwd())
     spec = load_spec(spec_path)
     repo_root = repo_root_for(spec_path)
+    why = ""
     if opts.tier == "auto":
         tier, why = detect_tier(spec)
-        console.print(f"tier [bold]{tier}[/] ({why})")
     else:
         tier = opts.tier
     spec.tier(tier)  # a SpecError naming the defined tiers if missing
+    # Every argument is judged before anything is written or printed: a usage error leaves no run.
+    _selected_suites(build_plan(spec, tier), opts.only)
     run_dir = Path(opts.out) if opts.out else repo_root / "out" / f"{spec.name}-{tier}-{time.strftime('%Y%m%d-%H%M%S')}"
     state = RunState(run_dir)
     if state.exists:
         raise UsageError(f"{run_dir} already holds a run",
                          f"continue it with `fastpath verify --resume {run_dir}`, or choose another --out")
     suites_dir = Path(opts.suites_dir) if opts.suites_dir else repo_root / "suites"
+    attested = _part_digests(_attested(repo_root, spec))
+    if why:
+        console.print(f"tier [bold]{tier}[/] ({why})")
     write_json_atomic({"spec_path": str(spec_path.resolve()), "spec_digest": spec.digest, "tier": tier,
                        "suites_dir": str(suites_dir.resolve()), "repo_root": str(repo_root.resolve()),
-                       "attested": _part_digests(_attested(repo_root, spec))},
+                       "attested": attested},
                       state.root / "run.json")
     return spec, tier, run_dir, state, suites_dir, repo_root
 
@@ -388,9 +411,16 @@ def _run_one_suite(suite: str, spec: Spec, plan: Plan, state: RunState, suites_d
     log_path = state.log_path(suite)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     before = set(sys.modules)
+    from fastpath.progress import reporting_to
+
     try:
         with open(log_path, "w", encoding="utf-8") as log:
-            with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            def note(line: str) -> None:  # to the terminal (pinned stream) and to the suite's log
+                console.print(line, highlight=False, markup=False)
+                log.write(line + "\n")
+                log.flush()
+
+            with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log), reporting_to(note):
                 code = int(pytest.main(args, plugins=[hook]))
     finally:
         _forget_suite_modules(before, suites_dir)
@@ -441,19 +471,32 @@ def _finish(spec: Spec, plan: Plan, state: RunState, repo_root: Path, opts: Veri
         sign_bundle(staged, Path(opts.key))
 
     # Written, signed and packed under a temp name; renamed into place last (fastpath.bundle).
+    name = bundle_mod.bundle_name(spec.name, plan.tier)
     bundle_dir = bundle_mod.write_bundle(
-        state.run_dir / bundle_mod.bundle_name(spec.name, plan.tier), spec_path=spec.path, plan=plan.to_json(),
+        state.run_dir / name, spec_path=spec.path, plan=plan.to_json(),
         rows=verdict.rows, summary=summary, environment=environment, logs_dir=state.root / "logs",
-        attested=attested, sign=sign_staged if signed else None, archive=True)
+        attested=attested, sign=sign_staged if signed else None, archive=True,
+        report=lambda staged: _report_page(staged, name))
     archive = bundle_mod.archive_path(bundle_dir)
     _print_verdict(verdict, console)
     code = {"pass": EXIT_PASS, "fail": EXIT_FAIL}.get(verdict.verdict, EXIT_INCOMPLETE)
-    message = f"bundle {archive}" + (" (signed)" if signed else " (not signed)")
+    message = (f"bundle {archive}" + (" (signed)" if signed else " (not signed)")
+               + f"; report {bundle_dir / 'report.html'}")
     if not verdict.complete:
         missing = [s for s, st in verdict.suites.items() if st == "not_run"]
         message += (f"; incomplete: suites not run yet: {', '.join(missing)}. Run them with "
                     f"`fastpath verify --resume {state.run_dir} --only {','.join(missing)}`")
     return VerifyResult(code, verdict.verdict, state.run_dir, bundle_dir, archive, signed, message)
+
+
+def _report_page(bundle_dir: Path, name: str) -> str:
+    """report.html of the staged bundle; a renderer fault never costs the run its evidence."""
+    from fastpath.report import render, unavailable_page
+
+    try:
+        return render(bundle_dir, name=name)
+    except Exception as exc:  # noqa: BLE001 - the evidence matters more than its page
+        return unavailable_page(f"{type(exc).__name__}: {exc}")
 
 
 def _print_verdict(verdict: Verdict, console: Any) -> None:

@@ -172,12 +172,12 @@ def trees(built, tmp_path):
     return base, pr
 
 
-def run_gate(tmp_path: Path, base: Path, pr: Path, fastpath: Path):
+def run_gate(tmp_path: Path, base: Path, pr: Path, fastpath: Path, *extra: str):
     summary = tmp_path / "gate_summary.md"
     summary.write_text("")
     env = {k: v for k, v in os.environ.items() if k != "GITHUB_STEP_SUMMARY"}
     proc = subprocess.run([sys.executable, str(GATE), "--base", str(base), "--pr", str(pr),
-                           "--fastpath", str(fastpath), "--summary", str(summary)],
+                           "--fastpath", str(fastpath), "--summary", str(summary), *extra],
                           env=env, capture_output=True, text=True, timeout=600)
     return proc.returncode, summary.read_text(), proc.stdout + proc.stderr
 
@@ -193,6 +193,14 @@ def test_gate_passes_a_changed_spec_with_a_valid_bundle(trees, fastpath_bin, tmp
     row = _row(summary)
     assert "fast_path" in row and "✅ pass" in row and f"bundles/{NAME}.full.fastpath.tar.gz" in row
     assert "fastpath check passed" in summary
+
+
+def test_gate_keeps_the_report_page_of_the_bundle_it_checked(trees, fastpath_bin, tmp_path):
+    base, pr = trees
+    rc, summary, log = run_gate(tmp_path, base, pr, fastpath_bin, "--reports", str(tmp_path / "reports"))
+    assert rc == 0, log
+    page = (tmp_path / "reports" / f"{NAME}.report.html").read_text()
+    assert 'id="checked"' in page and "fastpath check: passed" in page and "Content-Security-Policy" in page
 
 
 def test_gate_skips_a_spec_whose_attested_parts_did_not_change(trees, fastpath_bin, tmp_path):

@@ -108,7 +108,7 @@ def test_cli_plan_errors_have_cause_and_fix_without_traceback(tmp_path):
     assert result.exit_code == 2
     assert "error:" in result.output and "fix:" in result.output and "Traceback" not in result.output
     result = CliRunner().invoke(app, ["plan", str(DOUBLE_SPEC), "--tier", "medium"])
-    assert result.exit_code == 2 and "tier 'medium' is not defined" in result.output
+    assert result.exit_code == 2 and "'medium' is not one of 'smoke', 'full'" in result.output  # a usage error
 
 
 def test_cli_plan_defaults_to_the_projects_spec(tmp_path, monkeypatch):

@@ -149,8 +149,9 @@ def test_cli_verify_uses_default_spec_and_maps_exit_codes(tmp_path, monkeypatch)
     assert result.exit_code == 0, result.output
     assert "verdict: PASS" in result.output
     assert "coverage/decode/b4-c16-d0" in result.output  # a progress line per case
-    result = runner.invoke(app, ["verify", "--tier", "huge"])
-    assert result.exit_code == 2 and "fix:" in result.output and "Traceback" not in result.output
+    result = runner.invoke(app, ["verify", "--tier", "huge"])  # a choice: click's usage error names the choices
+    assert result.exit_code == 2 and "'huge' is not one of 'auto', 'smoke', 'full'" in result.output
+    assert "Traceback" not in result.output
     result = runner.invoke(app, ["verify", "--resume", str(tmp_path / "nothing")])
     assert result.exit_code == 2 and "holds no fastpath run" in result.output
 

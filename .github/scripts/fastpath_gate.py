@@ -12,7 +12,8 @@ reaches a shell. Standard library only, so it runs with whichever python runs th
 
 Exit: 0 every gated spec passed or was unchanged, 1 a spec failed, 2 the base's set-up is broken.
 Writes a markdown table (spec, parts changed, bundle, verdict) to --summary or
-$GITHUB_STEP_SUMMARY.
+$GITHUB_STEP_SUMMARY; with --reports DIR, each checked bundle's report page (re-rendered by the
+base's checker from the rows it verified) lands in DIR for the workflow to upload.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from pathlib import Path, PurePosixPath
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 TIER = "full"
 TAIL = 2000  # characters of a failing command's stderr kept in the summary
+# $GITHUB_STEP_SUMMARY takes at most 1 MiB per step: each spec's check report is capped well below.
+REPORT_CAP = 200_000
 
 UNCHANGED, PASS, FAIL, MISSING = "unchanged (skipped)", "pass", "fail", "missing bundle"
 ICON = {UNCHANGED: "⏭", PASS: "✅", FAIL: "❌", MISSING: "❌"}
@@ -129,8 +132,9 @@ def digest(fastpath: list[str], spec: Path, source: Path, cwd: Path) -> dict:
     return data
 
 
-def judge(spec: str, base: Path, pr: Path, fastpath: list[str], trust: Path) -> Result:
-    """The verdict for one gated spec."""
+def judge(spec: str, base: Path, pr: Path, fastpath: list[str], trust: Path, reports: Path | None = None) -> Result:
+    """The verdict for one gated spec; with ``reports``, the checker also writes the reviewer's
+    page, re-rendered from the bundle it checked, to reports/<spec name>.report.html."""
     pr_spec = inside(pr, spec)
     if pr_spec is None:
         return Result(spec, FAIL, reason=f"the PR has no regular file {spec} inside its tree (removed, or a link): "
@@ -159,9 +163,10 @@ def judge(spec: str, base: Path, pr: Path, fastpath: list[str], trust: Path) -> 
                       f"`fastpath verify {spec} --tier full --key KEY` on a GPU in the spec's scope and commit the bundle")
     if inside(pr, rel) is None:
         return Result(spec, FAIL, changed, rel, f"{rel} is not a regular file inside the PR's tree")
+    page = ["--report", str(reports / f"{name}.report.html")] if reports is not None else []
     proc = subprocess.run([*fastpath, "check", str(bundle), "--require-tier", TIER, "--freshness", "enforce",
                            "--trust", str(trust), "--source", str(pr), "--spec", str(pr_spec),
-                           "--format", "markdown"], capture_output=True, text=True, env=_env(), cwd=base)
+                           "--format", "markdown", *page], capture_output=True, text=True, env=_env(), cwd=base)
     if proc.returncode == 0:
         return Result(spec, PASS, changed, rel, report=proc.stdout)
     why = {1: "fastpath check rejected the bundle"}.get(proc.returncode, f"fastpath check exited {proc.returncode}")
@@ -186,8 +191,11 @@ def summary(results: list[Result]) -> str:
                      f"{f'`{_cell(r.bundle)}`' if r.bundle else '—'} | {verdict} |")
     for r in results:
         if r.report:
+            report = r.report.strip()
+            if len(report) > REPORT_CAP:  # cut at a line end: a table row is never left half-written
+                report = report[:report.rfind("\n", 0, REPORT_CAP)] + "\n\n… (report cut to fit the step summary)"
             lines += ["", f"<details{' open' if not r.ok else ''}><summary>fastpath check: {_cell(r.spec)}</summary>",
-                      "", r.report.strip(), "", "</details>"]
+                      "", report, "", "</details>"]
     return "\n".join(lines) + "\n"
 
 
@@ -210,13 +218,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fastpath", default="fastpath", help="the base's fastpath executable")
     ap.add_argument("--trust", type=Path, help="trust policy (default: BASE/bundles/trusted_keys.toml)")
     ap.add_argument("--summary", type=Path, help="markdown summary file (default: $GITHUB_STEP_SUMMARY)")
+    ap.add_argument("--reports", type=Path, help="directory for each checked bundle's report page (an artifact)")
     args = ap.parse_args(argv)
     base, pr = args.base.resolve(), args.pr.resolve()
     trust = (args.trust or base / "bundles" / "trusted_keys.toml").resolve()
     try:
         if not trust.is_file():
             raise GateError(f"no trust policy at {trust}", "the base branch needs bundles/trusted_keys.toml")
-        results = [judge(spec, base, pr, [args.fastpath], trust) for spec in gated_specs(base)]
+        reports = args.reports.resolve() if args.reports else None
+        if reports is not None:
+            reports.mkdir(parents=True, exist_ok=True)
+        results = [judge(spec, base, pr, [args.fastpath], trust, reports) for spec in gated_specs(base)]
     except GateError as e:
         print(f"error: {e.cause}\n  fix: {e.fix}", file=sys.stderr)
         return 2
