@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
-__all__ = ["Launches", "available", "recording", "matching"]
+__all__ = ["Launches", "available", "recording", "matching", "source_for", "observing"]
 
 _open: list["Launches"] = []
 _install_lock = threading.Lock()
@@ -96,3 +96,40 @@ def recording() -> Iterator[Launches]:
         yield rec
     finally:
         _open.remove(rec)
+
+
+def source_for(device: str, engine_info: dict) -> tuple[str | None, str]:
+    """The second source on this machine: ("torch_profiler", "") on a GPU,
+    ("triton_interpreter", "") on CPU when the engine's fast path runs in Triton's interpreter,
+    else (None, why not)."""
+    if str(device).startswith("cuda"):
+        return "torch_profiler", ""
+    if not engine_info.get("triton_interpreter"):
+        return None, "the engine runs no Triton kernel in the interpreter (info()['triton_interpreter'] is false)"
+    ok, why = available()
+    return ("triton_interpreter", "") if ok else (None, why)
+
+
+@contextmanager
+def observing(source: str | None) -> Iterator[Launches | None]:
+    """The kernels launched in the block, from ``source`` (``source_for``); None yields None
+    (nothing observed). The profiler's names are CUDA kernels (CuTe DSL ones included)."""
+    if source is None:
+        yield None
+        return
+    if source == "triton_interpreter":
+        with recording() as rec:
+            yield rec
+        return
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    rec = Launches()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        yield rec
+        torch.cuda.synchronize()
+    for ev in prof.events():
+        dt = getattr(ev, "device_type", None)
+        if dt is not None and "CUDA" in str(dt):
+            rec.names.append(ev.name)

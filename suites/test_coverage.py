@@ -159,6 +159,8 @@ def test_decode_fast_path_fired(case, fp_engine, fp_models, fp_spec, record):
         if undeclared_protocol:
             detail["note"] = "the engine's components declare no layers: judged per step only"
         evidence = {"coverage_matrix": matrix, "case": H.case_id(case)}
+        if second:
+            _record_launches(record, comp_obj, recs, launched, fp_engine, matrix, shape)
         if refused and all(H.environment_refusal(x, fp_engine) for x in reasons) and steps_engaged == 0:
             H.record_waived(record, "coverage_fast_path_fired", "steps_engaged",
                             f"{comp} refused with {', '.join(reasons)}: expected on this machine "
@@ -181,8 +183,6 @@ def test_decode_fast_path_fired(case, fp_engine, fp_models, fp_spec, record):
             msg = f"{silent}{comp}: " + "; ".join(parts) + " -- the fast path did not fire for this in-scope case"
         record("coverage_fast_path_fired", "steps_engaged", steps_engaged, threshold=STEPS, comparator=">=",
                passed=ok, component=comp, detail=detail, evidence=evidence, message=msg, **shape)
-        if second:
-            _record_launches(record, comp_obj, recs, launched, fp_engine, matrix, shape)
     if not cuda and not second and comps:
         H.record_waived(record, LAUNCH_GATE, "launches_per_step",
                         f"no second source on CPU: {why_not}", detail={"case": H.case_id(case)}, **shape)
@@ -210,9 +210,11 @@ def _record_launches(record, comp, recs, launched, engine, matrix, shape) -> Non
     need = max(1, len(layers)) if layers else (0 if layers == [] else 1)
     per_step = [l.count(pats) for l in launched]
     traced = [bool(r.engaged(name)) for r in recs]
+    # what the trace claims per step: launches below it mean it reported kernels that never ran
+    claimed = [len(r.engaged_layers(name) & set(layers)) if layers else int(t) for r, t in zip(recs, traced)]
     reasons = sorted({e.detail for r in recs for e in r.refused(name)})
     detail = {"cell": matrix.get(name, "not_reported"), "source": "triton_interpreter",
-              "launches_per_step": per_step, "needed_per_step": need, "traced_per_step": traced,
+              "launches_per_step": per_step, "needed_per_step": need, "traced_per_step": claimed,
               "patterns": pats, "layers_declared": layers,
               "kernels": sorted(set(launches.matching([n for l in launched for n in l.names], pats)))}
     evidence = {"launches_by_step": [dict(Counter(l.names)) for l in launched]}
@@ -231,12 +233,13 @@ def _record_launches(record, comp, recs, launched, engine, matrix, shape) -> Non
     short = launch_shortfall(per_step, need)
     msg = ""
     if short:
-        lying = [n for n, k in short.items() if traced[n - 1]]
+        lying = [n for n, k in short.items() if k < claimed[n - 1]]
         msg = (f"{name}: the Triton interpreter launched {', '.join(f'{k} in step {n}' for n, k in short.items())} "
                f"of its kernels ({', '.join(pats)}); expected >= {need} per step"
                + (f" (one per {_layers_text(layers)} it serves)" if layers else ""))
         if lying:
-            msg += f" -- yet the trace says it engaged in step(s) {', '.join(map(str, lying))}: the standard code ran?"
+            msg += (f" -- yet the trace says it engaged {', '.join(f'{claimed[n - 1]}x in step {n}' for n in lying)}: "
+                    "it reported kernels that did not run (the standard code ran?)")
     record(LAUNCH_GATE, "launches_per_step", min(per_step) if per_step else 0, threshold=need, comparator=">=",
            passed=not short, component=name, detail=detail, evidence=evidence, message=msg, **shape)
 
@@ -327,11 +330,14 @@ def _per_step(total: Counter, steps: int) -> tuple[Counter, list[str]]:
     return Counter({n: k // steps for n, k in total.items() if k > 0}), uneven
 
 
-def production_decode_kernels(model, tokenizer, batch: int, prompt: int, tokens: int = PRODUCTION_TOKENS):
+def production_decode_kernels(model, tokenizer, batch: int, prompt: int, tokens: int = PRODUCTION_TOKENS,
+                              profile=None):
     """(kernels per decode step of ``generate`` on real prompts as a Counter, the names whose
     count is not a whole number per step, the trace of the N-token run). The decode steps'
     kernels = those of an N-token generation minus those of a 1-token one of the same prompts
-    (the prefill and the first sample cancel), over N - 1 steps."""
+    (the prefill and the first sample cancel), over N - 1 steps. ``profile(run)`` -> the kernel
+    names ``run()`` launched (default: torch.profiler's)."""
+    profile = profile or _profile_kernels
     from fastpath.engine import GenerationRequest
 
     def requests(n):
@@ -339,9 +345,9 @@ def production_decode_kernels(model, tokenizer, batch: int, prompt: int, tokens:
                                   temperature=0.0, ignore_eos=True) for i in range(batch)]
 
     model.generate(requests(tokens))  # warm-up: graphs of this shape captured, tables loaded
-    one = Counter(_profile_kernels(lambda: model.generate(requests(1))))
+    one = Counter(profile(lambda: model.generate(requests(1))))
     with trace.recording() as rec:
-        many = Counter(_profile_kernels(lambda: model.generate(requests(tokens))))
+        many = Counter(profile(lambda: model.generate(requests(tokens))))
     diff = Counter({n: many[n] - one.get(n, 0) for n in many})
     negative = sorted(n for n, k in diff.items() if k < 0)
     per_step, uneven = _per_step(Counter({n: k for n, k in diff.items() if k > 0}), tokens - 1)
