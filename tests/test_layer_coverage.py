@@ -131,3 +131,31 @@ def test_decode_step_launches_what_production_decoding_launches(fast_tiny):
     hook = model.decode_step(batch, prompt)
     assert not uneven and prod == Counter(interpreted(hook))
     assert rec.engaged("sampler") and rec.engaged("kda_decode")
+
+
+def test_profiler_case_logic_with_the_interpreter_standing_in_for_the_profiler(fast_tiny, monkeypatch):
+    """The GPU-only profiler case, driven on CPU: the interpreter's launches stand in for
+    torch.profiler's kernel names (a test of the case's bookkeeping, never a result row)."""
+    engine, model = fast_tiny
+
+    def interpreted(run):
+        with launches.recording() as rec:
+            run()
+        return rec.names
+
+    monkeypatch.setattr(coverage, "_profile_kernels", interpreted)
+    monkeypatch.setattr(coverage.H, "device_kind", lambda e: "cuda")
+    monkeypatch.setattr(coverage, "PRODUCTION_TOKENS", 3)
+    rows = []
+
+    def record(gate, metric, value, **kw):
+        rows.append({"gate": gate, "metric": metric, "value": value, **kw})
+
+    case = {"case_id": "coverage/profiler/b2-c16-d0", "config": {"batch": 2, "context": 16, "draft": 0, "tp": 1}}
+    coverage.test_profiler_kernels(case, engine, {"fast": model}, record, waive=None)
+    by_metric = Counter(r["metric"] for r in rows)
+    n = len(engine.components())
+    assert by_metric == {"production_fast_kernels": n, "fast_kernels_present": n, "decode_step_matches_production": 1}
+    failing = [(r["metric"], r.get("component"), r["message"]) for r in rows if not r["passed"]]
+    # on CPU the whole-step graph is refused (no_cuda): the only row that cannot pass here
+    assert {c for _, c, _ in failing} <= {"decode_graph"}, failing
