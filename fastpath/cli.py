@@ -155,7 +155,8 @@ def verify(
 ) -> None:
     """Run the suites, evaluate the gates, write the bundle (signed with --key).
 
-    Exit code: 0 pass, 1 fail, 2 usage or spec error, 3 incomplete (interrupted or partial).
+    Exit code: 0 pass, 1 fail (also a partial run whose suites so far failed a gate), 2 usage or
+    spec error, 3 incomplete (interrupted, or partial and passing so far).
     """
     from fastpath.errors import UsageError
     from fastpath.verify import VerifyOptions, verify as run_verify

@@ -91,11 +91,19 @@ class KernelEntry(Protocol):
 
 @runtime_checkable
 class Component(Protocol):
-    """A fast-path component and the GPU kernel names that prove which path ran."""
+    """A fast-path component and the GPU kernel names that prove which path ran.
+
+    layers: the model layers (indices) the component serves, declared by the engine from the
+    model's config; in every in-scope decode step it must engage at each of them, with events
+    naming the layer (``fastpath.trace.layer``), so a layer that reports nothing is still
+    expected. ``None``: a component that runs once per step (LM head, sampler, whole-step
+    graph), whose events name no layer. An engine whose components lack the attribute is
+    judged per step only, and the coverage gate says so."""
 
     name: str
     fast_kernel_patterns: list[str]
     fallback_kernel_patterns: list[str]
+    layers: list[int] | None
 
 
 @runtime_checkable

@@ -9,6 +9,11 @@ replay. So events reported inside ``capturing(key)`` are bound to that key (whet
 recorder is open at capture time), and ``replayed(key)`` re-emits them as executions to the
 open recorders.
 
+Layers: events reported inside ``with layer(i):`` name layer ``i`` (a ``layer`` entry in their
+shape, unless the call names one itself), so a kernel wrapper that knows nothing of layers is
+still attributed to the layer of the model's loop that called it; the coverage gate checks every
+layer a component serves (``fastpath.engine.Component.layers``).
+
 This module is imported by model code, so it has no dependencies and costs one global lookup
 and one truthiness test per call when nothing is recording.
 """
@@ -32,6 +37,7 @@ __all__ = [
     "forget",
     "bound_events",
     "is_recording",
+    "layer",
 ]
 
 # Open recorders; a plain list so the hot-path test is a single truthiness check.
@@ -69,6 +75,14 @@ class Event:
     def shape_dict(self) -> dict[str, Any]:
         return dict(self.shape)
 
+    @property
+    def layer(self) -> Any:
+        """The layer the event names (None: a whole-step event)."""
+        for k, v in self.shape:
+            if k == "layer":
+                return v
+        return None
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
@@ -99,6 +113,10 @@ class Recorder:
     def refused(self, component: str | None = None) -> list[Event]:
         return [e for e in self.executed() if e.kind == "refused" and component in (None, e.component)]
 
+    def engaged_layers(self, component: str) -> set[Any]:
+        """The layers at which ``component`` engaged (events naming no layer are left out)."""
+        return {e.layer for e in self.engaged(component) if e.layer is not None}
+
     def components(self) -> dict[str, set[str]]:
         """component -> the set of variants it ran ("refused:<reason>" for fallbacks)."""
         out: dict[str, set[str]] = {}
@@ -115,6 +133,13 @@ def _capture_key() -> Hashable | None:
     return getattr(_local, "capture", None)
 
 
+def _with_layer(shape: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    current = getattr(_local, "layer", None)
+    if current is not None and "layer" not in shape:
+        shape["layer"] = current
+    return tuple(sorted(shape.items()))
+
+
 def _emit(event: Event) -> None:
     key = _capture_key()
     if key is not None:
@@ -129,18 +154,37 @@ def engaged(component: str, variant: str, **shape: Any) -> None:
     """The fast path ran ``component`` with ``variant`` on ``shape``."""
     if not _recorders and not _open_captures:
         return
-    _emit(Event("engaged", component, variant, tuple(sorted(shape.items()))))
+    _emit(Event("engaged", component, variant, _with_layer(shape)))
 
 
 def refused(component: str, reason: str, **shape: Any) -> None:
     """The fast path declined ``component`` (the standard path ran instead) for ``reason``."""
     if not _recorders and not _open_captures:
         return
-    _emit(Event("refused", component, reason, tuple(sorted(shape.items()))))
+    _emit(Event("refused", component, reason, _with_layer(shape)))
 
 
 def is_recording() -> bool:
     return bool(_recorders)
+
+
+class layer:
+    """``with layer(i):`` events reported in the block name layer ``i`` (per thread; nests,
+    the innermost wins). A class, not a generator, so entering it costs two attribute writes."""
+
+    __slots__ = ("index", "_outer")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self._outer = None
+
+    def __enter__(self) -> "layer":
+        self._outer = getattr(_local, "layer", None)
+        _local.layer = self.index
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _local.layer = self._outer
 
 
 @contextmanager

@@ -479,9 +479,11 @@ def _finish(spec: Spec, plan: Plan, state: RunState, repo_root: Path, opts: Veri
         report=lambda staged: _report_page(staged, name))
     archive = bundle_mod.archive_path(bundle_dir)
     _print_verdict(verdict, console)
-    code = {"pass": EXIT_PASS, "fail": EXIT_FAIL}.get(verdict.verdict, EXIT_INCOMPLETE)
+    code = exit_code(verdict)
     message = (f"bundle {archive}" + (" (signed)" if signed else " (not signed)")
                + f"; report {bundle_dir / 'report.html'}")
+    if code == EXIT_FAIL and not verdict.complete:
+        message += "; a gate of the suites that ran already failed"
     if not verdict.complete:
         missing = [s for s, st in verdict.suites.items() if st == "not_run"]
         message += (f"; incomplete: suites not run yet: {', '.join(missing)}. Run them with "
@@ -497,6 +499,20 @@ def _report_page(bundle_dir: Path, name: str) -> str:
         return render(bundle_dir, name=name)
     except Exception as exc:  # noqa: BLE001 - the evidence matters more than its page
         return unavailable_page(f"{type(exc).__name__}: {exc}")
+
+
+def exit_code(verdict: Verdict) -> int:
+    """0 pass, 1 fail, 3 incomplete. A partial run (``--only``) is incomplete, but a gate of a
+    suite that ran and failed (or a failing row: an error, an orphan) is a failure now: exit 1,
+    whatever the other suites may show later. Incomplete and passing so far: 3."""
+    if verdict.verdict == "pass":
+        return EXIT_PASS
+    if verdict.verdict == "fail" or verdict.failing_rows:
+        return EXIT_FAIL
+    ran = {s for s, st in verdict.suites.items() if st != "not_run"}
+    if any(g.suite in ran and not g.ok(verdict.tier) for g in verdict.gates.values()):
+        return EXIT_FAIL
+    return EXIT_INCOMPLETE
 
 
 def _print_verdict(verdict: Verdict, console: Any) -> None:

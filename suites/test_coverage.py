@@ -5,18 +5,33 @@ decode   (gate coverage_fast_path_fired): the fast model's ``decode_step`` runs 
          CUDA graph: replays then count as executions; on CPU there is no graph to capture and a
          step costs seconds under the Triton interpreter, so no warm-up). One row per component of
          ``engine.components()``: it passes iff the component engaged in every recorded step
-         and was never refused. A refusal whose reason is a property of the machine
-         (``no_cuda`` on CPU, for the whole-step graph) is a waiver row for that component.
+         -- at every layer it declares (``Component.layers``, from the model's config: a
+         layer that reports nothing is still expected; the events name their layer) -- and
+         was never refused; the message names the layers that did not engage. A refusal
+         whose reason is a property of the machine (``no_cuda`` on CPU, for the whole-step
+         graph) is a waiver row for that component.
+         Second source on CPU (gate coverage_profiler_kernels): the same steps run with the
+         Triton interpreter's launches recorded (``fastpath.launches``, by kernel name, as the
+         profiler names them on GPU). Per component, every step must launch kernels matching
+         its fast patterns, at least one per layer it serves: a trace that says ``engaged``
+         while the standard code ran is caught without a GPU.
 fallback (gate coverage_clean_fallback): prefill, mixed, out-of-scope-batch and
          out-of-scope-context steps. One row per component: passes iff it was refused with the
          declared reason in every step and never engaged.
 A decode or fallback case in which nothing reported at all says so, naming the spec's switch
 (the fast model is loaded with it as ``additional_config``; an engine whose switch differs runs
 the standard path, which reports nothing).
-profiler (gate coverage_profiler_kernels): on a GPU, ``torch.profiler`` captures real steps;
-         for each component, kernel names matching its fast patterns must appear and names
-         matching its fallback patterns must not, and a component the trace saw engage must
-         have its fast kernels in the profile. On CPU: a waiver row.
+profiler (gate coverage_profiler_kernels): on a GPU, ``torch.profiler`` captures
+         (a) the PRODUCTION path: ``generate`` on real prompts, greedy, ``ignore_eos``; its decode
+             steps' kernels are those of an N-token generation minus those of a 1-token one
+             (same prompts: the prefill and first sample cancel), divided by N - 1. Per
+             component: its fast kernels, at least one per layer it serves, in every step;
+             none of its fallback kernels; and the trace agrees.
+         (b) the benchmark hook ``decode_step`` (what the perf suite times) at the case's shape,
+             with the same per-component checks, and at the production comparison's context:
+             its kernels (those any component's patterns name) must be production's, kernel
+             for kernel and count for count, or the row names the difference.
+         On CPU: a waiver row (the decode case carries the CPU second source).
 
 Every row carries the case's coverage-matrix cell in ``detail`` (``cell``: the variants it ran,
 or ``refused:<reason>``) and the whole case's matrix in ``evidence`` for the report.
@@ -25,28 +40,66 @@ or ``refused:<reason>``) and the whole case's matrix in ``evidence`` for the rep
 from __future__ import annotations
 
 import re
+from collections import Counter
+from contextlib import ExitStack
 
 import pytest
 
+from fastpath import launches
 from fastpath import suite_helpers
 from fastpath import trace
 
 
 H = suite_helpers
 STEPS = 2
+LAUNCH_GATE = "coverage_profiler_kernels"
+# production comparison on GPU: tokens generated (N - 1 decode steps), and the prefill budget
+# (batch x prompt tokens; as parity's max_prefill_tokens) that bounds its prompt length
+PRODUCTION_TOKENS = 4
+PRODUCTION_PREFILL_TOKENS = 32768
 
 
 def _cell(labels: set[str]) -> str:
     return ",".join(sorted(labels)) if labels else "not_reported"
 
 
-def _run_steps(step, n: int) -> list[trace.Recorder]:
-    recs = []
+def _run_steps(step, n: int, with_launches: bool = False) -> tuple[list[trace.Recorder], list[launches.Launches]]:
+    """Run ``step`` n times, each under its own trace recorder (and, ``with_launches``, its own
+    record of the Triton interpreter's launches)."""
+    recs, launched = [], []
     for _ in range(n):
-        with trace.recording() as rec:
+        with ExitStack() as stack:
+            rec = stack.enter_context(trace.recording())
+            if with_launches:
+                launched.append(stack.enter_context(launches.recording()))
             step()
         recs.append(rec)
-    return recs
+    return recs, launched
+
+
+def declared_layers(comp) -> list[int] | None:
+    """The layers the engine declares ``comp`` serves (None: once per step, or undeclared)."""
+    layers = getattr(comp, "layers", None)
+    return None if layers is None else sorted(int(i) for i in layers)
+
+
+def layer_gaps(recs: list[trace.Recorder], name: str, layers: list[int]) -> dict[int, list[int]]:
+    """Step number (1-based) -> the declared layers at which ``name`` did not engage in it."""
+    gaps = {}
+    for n, rec in enumerate(recs, 1):
+        missing = sorted(set(layers) - rec.engaged_layers(name))
+        if missing:
+            gaps[n] = missing
+    return gaps
+
+
+def _layers_text(layers: list[int]) -> str:
+    return ("layer " if len(layers) == 1 else "layers ") + ", ".join(str(i) for i in layers)
+
+
+def launch_shortfall(per_step: list[int], need: int) -> dict[int, int]:
+    """Step number (1-based) -> launches counted, for the steps with fewer than ``need``."""
+    return {n: k for n, k in enumerate(per_step, 1) if k < need}
 
 
 def _matrix(recs: list[trace.Recorder], components: list[str]) -> dict[str, str]:
@@ -70,42 +123,125 @@ def test_decode_fast_path_fired(case, fp_engine, fp_models, fp_spec, record):
     b, c, d = int(cfg["batch"]), int(cfg["context"]), int(cfg.get("draft", 0))
     model = fp_models["fast"]
     step = model.decode_step(b, c, d)
-    if H.device_kind(fp_engine) == "cuda":
+    cuda = H.device_kind(fp_engine) == "cuda"
+    if cuda:
         step()  # warm-up: may capture a graph (capture events are not executions)
         _sync(fp_engine)
-    recs = _run_steps(step, STEPS)
+    second, why_not = _cpu_second_source(fp_engine)
+    recs, launched = _run_steps(step, STEPS, with_launches=second)
     _sync(fp_engine)
-    components = [comp.name for comp in fp_engine.components()]
+    comps = list(fp_engine.components())
+    components = [comp.name for comp in comps]
     matrix = _matrix(recs, components)
     shape = {"batch": b, "context": c, "draft": d, "tp": cfg.get("tp", 1)}
     unknown = sorted(set(matrix) - set(components))
     silent = "" if any(r.events for r in recs) else H.no_event_reason(fp_spec, fp_engine) + "; "
-    for comp in components:
-        steps_engaged = sum(1 for r in recs if r.engaged(comp))
+    undeclared_protocol = comps and all(not hasattr(comp, "layers") for comp in comps)
+    for comp_obj in comps:
+        comp = comp_obj.name
+        layers = declared_layers(comp_obj)
         refused = [e for r in recs for e in r.refused(comp)]
         reasons = sorted({e.detail for e in refused})
         variants = sorted({e.detail for r in recs for e in r.engaged(comp)})
+        seen_layers = sorted({x for r in recs for x in r.engaged_layers(comp)}, key=str)
+        gaps = layer_gaps(recs, comp, layers) if layers else {}
+        if layers:
+            steps_engaged = sum(1 for n, r in enumerate(recs, 1) if r.engaged(comp) and n not in gaps)
+        elif layers == []:  # serves no layer of this model: nothing expected
+            steps_engaged = STEPS
+        else:
+            steps_engaged = sum(1 for r in recs if r.engaged(comp))
+        extra_layers = sorted(set(seen_layers) - set(layers or []), key=str)
         detail = {"cell": matrix[comp], "variants": variants, "refused": reasons, "steps": STEPS,
-                  "engaged_events": sum(len(r.engaged(comp)) for r in recs)}
+                  "engaged_events": sum(len(r.engaged(comp)) for r in recs),
+                  "layers_declared": layers, "layers_engaged": seen_layers,
+                  "layers_missing_by_step": {str(k): v for k, v in gaps.items()}}
+        if undeclared_protocol:
+            detail["note"] = "the engine's components declare no layers: judged per step only"
         evidence = {"coverage_matrix": matrix, "case": H.case_id(case)}
+        if second:
+            _record_launches(record, comp_obj, recs, launched, fp_engine, matrix, shape)
         if refused and all(H.environment_refusal(x, fp_engine) for x in reasons) and steps_engaged == 0:
             H.record_waived(record, "coverage_fast_path_fired", "steps_engaged",
                             f"{comp} refused with {', '.join(reasons)}: expected on this machine "
                             f"({H.device_kind(fp_engine)}); needs a CUDA GPU", component=comp,
                             detail=detail, evidence=evidence, **shape)
             continue
-        ok = steps_engaged == STEPS and not refused
+        ok = steps_engaged == STEPS and not refused and not extra_layers
         msg = ""
         if not ok:
-            msg = (f"{silent}{comp}: engaged in {steps_engaged}/{STEPS} steps"
-                   + (f", refused ({', '.join(reasons)})" if refused else "")
-                   + " -- the fast path did not fire for this in-scope case")
+            parts = [f"engaged in {steps_engaged}/{STEPS} steps"]
+            missing = sorted({x for v in gaps.values() for x in v})
+            if missing:
+                parts.append(f"{_layers_text(missing)} did not engage (of {_layers_text(layers)} it serves; "
+                             f"in step(s) {', '.join(str(n) for n in gaps)})")
+            if refused:
+                parts.append(f"refused ({', '.join(reasons)})")
+            if extra_layers:
+                parts.append(f"the trace names {_layers_text(extra_layers)}, which engine.components() "
+                             f"does not declare for it ({layers}): fix the declaration")
+            msg = f"{silent}{comp}: " + "; ".join(parts) + " -- the fast path did not fire for this in-scope case"
         record("coverage_fast_path_fired", "steps_engaged", steps_engaged, threshold=STEPS, comparator=">=",
                passed=ok, component=comp, detail=detail, evidence=evidence, message=msg, **shape)
+    if not cuda and not second and comps:
+        H.record_waived(record, LAUNCH_GATE, "launches_per_step",
+                        f"no second source on CPU: {why_not}", detail={"case": H.case_id(case)}, **shape)
     if unknown:  # a component the engine does not declare: the registry is incomplete
         record("coverage_fast_path_fired", "undeclared_components", len(unknown), threshold=0,
                comparator="<=", detail={"undeclared": unknown}, evidence={"coverage_matrix": matrix},
                message=f"trace reports components missing from engine.components(): {unknown}", **shape)
+
+
+def _cpu_second_source(engine) -> tuple[bool, str]:
+    """Whether this CPU run can record the Triton interpreter's launches (the engine says its
+    fast path runs there, and the interpreter's launch entry can be intercepted)."""
+    if H.device_kind(engine) == "cuda":
+        return False, "on a GPU the profiler case is the second source"
+    if not engine.info().get("triton_interpreter"):
+        return False, "the engine runs no Triton kernel in the interpreter (info()['triton_interpreter'] is false)"
+    return launches.available()
+
+
+def _record_launches(record, comp, recs, launched, engine, matrix, shape) -> None:
+    """One coverage_profiler_kernels row: ``comp``'s fast kernels in the interpreter's launches of
+    every step, at least one per layer it serves, wherever the trace says it engaged."""
+    name, pats = comp.name, list(comp.fast_kernel_patterns)
+    layers = declared_layers(comp)
+    need = max(1, len(layers)) if layers else (0 if layers == [] else 1)
+    per_step = [l.count(pats) for l in launched]
+    traced = [bool(r.engaged(name)) for r in recs]
+    # what the trace claims per step: launches below it mean it reported kernels that never ran
+    claimed = [len(r.engaged_layers(name) & set(layers)) if layers else int(t) for r, t in zip(recs, traced)]
+    reasons = sorted({e.detail for r in recs for e in r.refused(name)})
+    detail = {"cell": matrix.get(name, "not_reported"), "source": "triton_interpreter",
+              "launches_per_step": per_step, "needed_per_step": need, "traced_per_step": claimed,
+              "patterns": pats, "layers_declared": layers,
+              "kernels": sorted(set(launches.matching([n for l in launched for n in l.names], pats)))}
+    evidence = {"launches_by_step": [dict(Counter(l.names)) for l in launched]}
+    if not pats:
+        if reasons and all(H.environment_refusal(x, engine) for x in reasons) and not any(traced):
+            H.record_waived(record, LAUNCH_GATE, "launches_per_step",
+                            f"{name} refused with {', '.join(reasons)} here and declares no kernel patterns",
+                            component=name, detail=detail, **shape)
+            return
+        ok = all(traced) or need == 0
+        detail["note"] = "declares no kernel patterns: confirmed by the trace only"
+        record(LAUNCH_GATE, "launches_per_step", None, passed=ok, component=name, detail=detail,
+               evidence=evidence, message="" if ok else f"{name}: declares no kernel patterns and the "
+               "trace did not see it engage in every step", **shape)
+        return
+    short = launch_shortfall(per_step, need)
+    msg = ""
+    if short:
+        lying = [n for n, k in short.items() if k < claimed[n - 1]]
+        msg = (f"{name}: the Triton interpreter launched {', '.join(f'{k} in step {n}' for n, k in short.items())} "
+               f"of its kernels ({', '.join(pats)}); expected >= {need} per step"
+               + (f" (one per {_layers_text(layers)} it serves)" if layers else ""))
+        if lying:
+            msg += (f" -- yet the trace says it engaged {', '.join(f'{claimed[n - 1]}x in step {n}' for n in lying)}: "
+                    "it reported kernels that did not run (the standard code ran?)")
+    record(LAUNCH_GATE, "launches_per_step", min(per_step) if per_step else 0, threshold=need, comparator=">=",
+           passed=not short, component=name, detail=detail, evidence=evidence, message=msg, **shape)
 
 
 def _fallback_step(model, cfg: dict):
@@ -135,7 +271,7 @@ def test_clean_fallback(case, fp_engine, fp_models, fp_spec, record):
         record("coverage_clean_fallback", "driven", 0, passed=False,
                message=f"fallback kind {cfg.get('fallback')!r} has no step the Engine protocol can drive")
         return
-    recs = _run_steps(step, STEPS)
+    recs, _ = _run_steps(step, STEPS)
     _sync(fp_engine)
     components = [comp.name for comp in fp_engine.components()]
     matrix = _matrix(recs, components)
@@ -163,57 +299,154 @@ def test_clean_fallback(case, fp_engine, fp_models, fp_spec, record):
                evidence={"coverage_matrix": matrix, "case": H.case_id(case)}, message=msg, **shape)
 
 
-def _profile_kernel_names(step, n: int) -> list[str]:
+def _profile_kernels(run) -> list[str]:
+    """The CUDA kernel names ``run()`` launched (one entry per launch; graph replays included),
+    from ``torch.profiler``."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            step()
+        run()
         torch.cuda.synchronize()
-    names = set()
+    names = []
     for ev in prof.events():
         dt = getattr(ev, "device_type", None)
         if dt is not None and "CUDA" in str(dt):
-            names.add(ev.name)
-    return sorted(names)
+            names.append(ev.name)
+    return names
+
+
+def _named_kernels(counts: Counter, comps) -> Counter:
+    """The part of ``counts`` any component's fast or fallback patterns name (copies, fills and
+    other glue are left out: production and the benchmark hook may differ there harmlessly)."""
+    pats = [re.compile(p) for comp in comps for p in (*comp.fast_kernel_patterns, *comp.fallback_kernel_patterns)]
+    return Counter({n: k for n, k in counts.items() if any(p.search(n) for p in pats)})
+
+
+def _per_step(total: Counter, steps: int) -> tuple[Counter, list[str]]:
+    """``total`` / ``steps`` per kernel name, and the names whose count does not divide."""
+    uneven = sorted(n for n, k in total.items() if k % steps)
+    return Counter({n: k // steps for n, k in total.items() if k > 0}), uneven
+
+
+def production_decode_kernels(model, tokenizer, batch: int, prompt: int, tokens: int = PRODUCTION_TOKENS,
+                              profile=None):
+    """(kernels per decode step of ``generate`` on real prompts as a Counter, the names whose
+    count is not a whole number per step, the trace of the N-token run). The decode steps'
+    kernels = those of an N-token generation minus those of a 1-token one of the same prompts
+    (the prefill and the first sample cancel), over N - 1 steps. ``profile(run)`` -> the kernel
+    names ``run()`` launched (default: torch.profiler's)."""
+    profile = profile or _profile_kernels
+    from fastpath.engine import GenerationRequest
+
+    def requests(n):
+        return [GenerationRequest(prompt_ids=H.prompt_ids(tokenizer, 100 + i, prompt), max_tokens=n,
+                                  temperature=0.0, ignore_eos=True) for i in range(batch)]
+
+    model.generate(requests(tokens))  # warm-up: graphs of this shape captured, tables loaded
+    one = Counter(profile(lambda: model.generate(requests(1))))
+    with trace.recording() as rec:
+        many = Counter(profile(lambda: model.generate(requests(tokens))))
+    diff = Counter({n: many[n] - one.get(n, 0) for n in many})
+    negative = sorted(n for n, k in diff.items() if k < 0)
+    per_step, uneven = _per_step(Counter({n: k for n, k in diff.items() if k > 0}), tokens - 1)
+    return per_step, sorted(set(uneven) | set(negative)), rec
+
+
+def production_prompt(batch: int, context: int) -> int:
+    """The production comparison's prompt length: its capacity (prompt + tokens + 1, rounded up
+    to 256 by the runner) equals the benchmark hook's at that context (context + 1 rounded up to
+    64) when prompt + tokens + 1 is a multiple of 256, so both run the same attention span;
+    within the prefill budget and (for contexts of 251 tokens or more) at most ``context``."""
+    cap = min(int(context) + PRODUCTION_TOKENS + 1, max(256, PRODUCTION_PREFILL_TOKENS // max(1, batch)))
+    cap = max(256, cap // 256 * 256)
+    return cap - PRODUCTION_TOKENS - 1
+
+
+def _component_row(record, comp, per_step: Counter, traced: bool, matrix: dict, shape: dict, metric: str,
+                   source: str, evidence: dict) -> None:
+    """One coverage_profiler_kernels row: per step, ``comp``'s fast kernels (>= one per layer it
+    serves), none of its fallback kernels, and the trace agreeing."""
+    names = sorted(per_step)
+    fast = [n for n in names if any(re.search(p, n) for p in comp.fast_kernel_patterns)]
+    slow = [n for n in names if any(re.search(p, n) for p in comp.fallback_kernel_patterns)]
+    layers = declared_layers(comp)
+    need = max(1, len(layers)) if layers else (0 if layers == [] else 1)
+    n_fast = sum(per_step[n] for n in fast)
+    problems = []
+    if comp.fast_kernel_patterns and n_fast < need:
+        problems.append(f"{n_fast} launch(es) of its fast kernels per step, expected >= {need}"
+                        + (f" (one per {_layers_text(layers)} it serves)" if layers else ""))
+    if slow:
+        problems.append(f"fallback kernels present: {slow[:5]}")
+    if traced and comp.fast_kernel_patterns and not fast:
+        problems.append("the trace says it engaged but the profile has none of its kernels")
+    note = ""
+    if not comp.fast_kernel_patterns and not comp.fallback_kernel_patterns:
+        note = "declares no kernel patterns: confirmed by the trace only"
+        if not traced and need:
+            problems.append("declares no kernel patterns and the trace did not see it engage")
+    record(LAUNCH_GATE, metric, n_fast, threshold=need, comparator=">=", passed=not problems, component=comp.name,
+           detail={"cell": matrix.get(comp.name, "not_reported"), "source": source, "fast_kernels": fast[:20],
+                   "fallback_kernels": slow[:20], "note": note, "traced": traced, "layers_declared": layers},
+           evidence=evidence, message="; ".join(f"{comp.name} ({source}): {p}" for p in problems), **shape)
 
 
 @pytest.mark.fastpath(kind="profiler", gate="coverage_profiler_kernels")
 def test_profiler_kernels(case, fp_engine, fp_models, record, waive):
     if H.device_kind(fp_engine) != "cuda":
-        waive("coverage_profiler_kernels", "needs a CUDA GPU: torch.profiler kernel names exist only on GPU")
+        waive("coverage_profiler_kernels", "needs a CUDA GPU: torch.profiler kernel names exist only on GPU "
+              "(on CPU the decode case records the Triton interpreter's launches)")
     cfg = H.case_config(case)
     b, c, d = int(cfg["batch"]), int(cfg["context"]), int(cfg.get("draft", 0))
     model = fp_models["fast"]
+    comps = list(fp_engine.components())
+    shape = {"batch": b, "context": c, "draft": d, "tp": cfg.get("tp", 1)}
+
+    # (a) production: generate on real prompts
+    prompt = production_prompt(b, c)
+    prod, uneven, prod_rec = production_decode_kernels(model, model.tokenizer, b, prompt)
+    prod_matrix = {comp: _cell(ls) for comp, ls in prod_rec.components().items()}
+    for comp in comps:
+        _component_row(record, comp, prod, bool(prod_rec.engaged(comp.name)), prod_matrix, shape,
+                       "production_fast_kernels", f"generate, prompt {prompt}",
+                       {"kernels_per_decode_step": dict(prod), "coverage_matrix": prod_matrix})
+
+    # (b) the benchmark hook at the case's shape
     step = model.decode_step(b, c, d)
     step()
     with trace.recording() as rec:
-        names = _profile_kernel_names(step, STEPS)
-    shape = {"batch": b, "context": c, "draft": d, "tp": cfg.get("tp", 1)}
+        names = _profile_kernels(lambda: [step() for _ in range(STEPS)])
+    per_step, _ = _per_step(Counter(names), STEPS)
     matrix = {comp: _cell(ls) for comp, ls in rec.components().items()}
-    for comp in fp_engine.components():
-        fast = [n for n in names if any(re.search(p, n) for p in comp.fast_kernel_patterns)]
-        slow = [n for n in names if any(re.search(p, n) for p in comp.fallback_kernel_patterns)]
-        traced = bool(rec.engaged(comp.name))
-        problems = []
-        if comp.fast_kernel_patterns and not fast:
-            problems.append("no kernel matches its fast patterns")
-        if slow:
-            problems.append(f"fallback kernels present: {slow[:5]}")
-        if traced and comp.fast_kernel_patterns and not fast:
-            problems.append("the trace says it engaged but the profile has none of its kernels")
-        if not comp.fast_kernel_patterns and not comp.fallback_kernel_patterns:
-            note = "declares no kernel patterns: confirmed by the trace only"
-            ok = traced
-            if not traced:
-                problems.append("declares no kernel patterns and the trace did not see it engage")
-        else:
-            note = ""
-            ok = not problems
-        record("coverage_profiler_kernels", "fast_kernels_present", len(fast), passed=ok, component=comp.name,
-               detail={"cell": matrix.get(comp.name, "not_reported"), "fast_kernels": fast[:20],
-                       "fallback_kernels": slow[:20], "note": note, "traced": traced},
-               evidence={"profile_kernel_names": names[:400], "coverage_matrix": matrix},
-               message="; ".join(problems), **shape)
+    for comp in comps:
+        _component_row(record, comp, per_step, bool(rec.engaged(comp.name)), matrix, shape, "fast_kernels_present",
+                       "decode_step", {"profile_kernel_names": sorted(set(names))[:400], "coverage_matrix": matrix})
+
+    # the benchmark hook launches what production does (at the production comparison's context)
+    hook = model.decode_step(b, prompt, d)
+    hook()
+    hook_step, hook_uneven = _per_step(Counter(_profile_kernels(lambda: [hook() for _ in range(STEPS)])), STEPS)
+    want, got = _named_kernels(prod, comps), _named_kernels(hook_step, comps)
+    differ = {n: {"production": want.get(n, 0), "decode_step": got.get(n, 0)}
+              for n in sorted(set(want) | set(got)) if want.get(n, 0) != got.get(n, 0)}
+    ragged = sorted(set(uneven) | set(hook_uneven))
+    ok = not differ and not ragged and bool(want)
+    msg = ""
+    if not ok:
+        parts = []
+        if differ:
+            parts.append("per-step kernel counts differ: " + "; ".join(
+                f"{n} production {v['production']} vs decode_step {v['decode_step']}" for n, v in list(differ.items())[:8]))
+        if ragged:
+            parts.append(f"counts not a whole number per step (a capture or a second graph inside the "
+                         f"profile?): {ragged[:8]}")
+        if not want:
+            parts.append("the production profile names none of the components' kernels")
+        msg = (f"decode_step(batch {b}, context {prompt}) does not launch production's kernel sequence "
+               f"(generate, prompt {prompt}): " + "; ".join(parts))
+    record(LAUNCH_GATE, "decode_step_matches_production", len(differ) + len(ragged), threshold=0, comparator="<=",
+           passed=ok, detail={"prompt": prompt, "tokens": PRODUCTION_TOKENS, "differences": differ,
+                              "uneven": ragged},
+           evidence={"production": dict(want), "decode_step": dict(got)}, message=msg, **shape)

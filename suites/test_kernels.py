@@ -30,6 +30,7 @@ import torch
 
 from fastpath import suite_helpers
 from fastpath import jitter
+from fastpath import launches
 
 
 H = suite_helpers
@@ -145,6 +146,8 @@ def test_kernel(case, fp_engine, fp_tier, fp_gate, record, waive):
     gate_k = float(nf.get("k", 2.0))
     gate_floor = dict(nf.get("atol_floor", {}))
     rounds = int(fp_gate("kernels_jitter").get("rounds", 3))
+    # which kernels each entry's fast call launches: it must be the fast kernel itself
+    source, no_source = launches.source_for(dev, fp_engine.info())
 
     for e in entries:
         run_dtype = dtype
@@ -167,6 +170,7 @@ def test_kernel(case, fp_engine, fp_tier, fp_gate, record, waive):
         det_worst, jit_worst = 0.0, 0.0
         det_cases: list[dict] = []
         jit_cases: list[dict] = []
+        launch_calls: list[dict] = []
         for si, shape in enumerate(shapes):
             for vi, vc in enumerate(e.value_classes):
                 seed = SEED + 1000 * si + vi
@@ -180,8 +184,13 @@ def test_kernel(case, fp_engine, fp_tier, fp_gate, record, waive):
 
                 oracle = e.oracle(**inputs())
                 standard = e.standard(**inputs())
-                fast = e.fast(**inputs())
-                _sync(dev)
+                observe = source == "triton_interpreter" or (si, vi) == (0, 0)  # profiler: once
+                with launches.observing(source if observe else None) as seen:
+                    fast = e.fast(**inputs())
+                    _sync(dev)
+                if seen is not None:
+                    launch_calls.append({"shape": _label(shape), "value_class": vc, "launched": sorted(set(seen.names)),
+                                         "fast": seen.count(list(e.kernel_patterns or []))})
                 err_f = max_error(fast, oracle)
                 err_s = max_error(standard, oracle)
                 tol = max(floor, gate_k * err_s) if math.isfinite(err_s) else floor
@@ -212,6 +221,7 @@ def test_kernel(case, fp_engine, fp_tier, fp_gate, record, waive):
                             jit_cases.append({"shape": shape, "round": r, "diff": dj})
                         jit_worst = max(jit_worst, float(dj))
         n_checked = len(shapes) * len(e.value_classes)
+        _record_fast_kernel_launches(record, e, source, no_source, launch_calls, base)
         record("kernels_finite", "nonfinite_where_oracle_finite", sum(x["count"] for x in nonfinite), threshold=0,
                comparator="<=", detail={"cases_checked": n_checked, "seconds": round(time.monotonic() - started, 2)},
                evidence=H.jsonable({"failures": nonfinite}),
@@ -227,3 +237,26 @@ def test_kernel(case, fp_engine, fp_tier, fp_gate, record, waive):
                evidence=H.jsonable({"failures": jit_cases}),
                message="" if not jit_cases else f"{e.name}: output changes under jitter stress in "
                f"{len(jit_cases)} of {rounds * len(shapes)} runs (race?)", **base)
+
+
+def _record_fast_kernel_launches(record, e, source, no_source: str, calls: list[dict], base: dict) -> None:
+    """kernels_noise_floor row: every observed ``e.fast`` call launched a kernel matching the
+    entry's ``kernel_patterns`` -- the suite measured the fast kernel, not a wrapper that routed
+    around it (e.g. to torch code for some shapes). Source: ``fastpath.launches``."""
+    pats = list(getattr(e, "kernel_patterns", []) or [])
+    if source is None:
+        H.record_waived(record, "kernels_noise_floor", "calls_without_fast_kernel",
+                        f"{e.name}: which kernels its fast call launches is not observable here ({no_source})", **base)
+        return
+    bad = [c for c in calls if not c["fast"]]
+    ok = bool(pats) and bool(calls) and not bad
+    msg = ""
+    if not pats:
+        msg = f"{e.name} declares no kernel_patterns: the suite cannot tell that its fast call runs a fast kernel"
+    elif bad:
+        msg = (f"{e.name}: {len(bad)} of {len(calls)} fast calls launched no kernel matching {pats} "
+               f"(e.g. {bad[0]['shape']} {bad[0]['value_class']} launched {bad[0]['launched'][:5] or 'nothing'}): "
+               "the entry's fast call does not run the fast kernel there")
+    record("kernels_noise_floor", "calls_without_fast_kernel", len(bad), threshold=0, comparator="<=", passed=ok,
+           detail={"source": source, "patterns": pats, "calls_observed": len(calls)},
+           evidence=H.jsonable({"calls": calls[:50]}), message=msg, **base)

@@ -228,3 +228,11 @@ def test_double_coverage_matrix_in_rows(double_run):
     fb = [r for r in rows if r["gate"] == "coverage_clean_fallback" and r["case_id"].endswith("/prefill")]
     assert fb and all(json.loads(r["detail"])["cell"] == "refused:prefill" for r in fb)
     assert "coverage_matrix" in json.loads(fired[0]["evidence"])
+    # per layer: the double's block (layer 0) is declared and named by its events
+    detail = json.loads(next(r for r in fired if r["component"] == "gemv")["detail"])
+    assert detail["layers_declared"] == [0] and detail["layers_engaged"] == [0]
+    head = json.loads(next(r for r in fired if r["component"] == "lm_head")["detail"])
+    assert head["layers_declared"] is None
+    # no Triton interpreter in the double: the CPU second source is a visible waiver
+    launch = [r for r in rows if r["gate"] == "coverage_profiler_kernels" and "/decode/" in r["case_id"]]
+    assert launch and all(r["status"] == "waived" and "interpreter" in r["message"] for r in launch)

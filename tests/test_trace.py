@@ -111,3 +111,33 @@ def test_capture_on_one_thread_does_not_capture_another_threads_events():
     phases = {e.detail: e.phase for e in rec.events}
     assert phases == {"other-thread": "eager", "mine": "capture"}
     assert [e.detail for e in trace.bound_events("t-graph")] == ["mine"]
+
+
+def test_events_inside_a_layer_name_it_and_replays_keep_it():
+    with trace.recording() as rec:
+        with trace.layer(2):
+            trace.engaged("kda_decode", "v", batch=1)  # a wrapper that knows no layer
+            trace.engaged("dense_gemv", "v", layer=5)  # an explicit layer wins
+            with trace.layer(3):
+                trace.refused("moe_router", "prefill")
+        trace.engaged("lm_head", "v")  # outside any layer: a whole-step event
+        with trace.capturing("g"):
+            with trace.layer(1):
+                trace.engaged("mla_decode", "v")
+        trace.replayed("g")
+    assert [e.layer for e in rec.events] == [2, 5, 3, None, 1, 1]
+    assert rec.engaged_layers("mla_decode") == {1} and rec.engaged_layers("lm_head") == set()
+
+
+def test_a_layer_ends_with_its_block_even_on_error_and_is_per_thread():
+    seen = []
+    with trace.recording() as rec:
+        with pytest.raises(RuntimeError):
+            with trace.layer(4):
+                t = threading.Thread(target=lambda: trace.engaged("other_thread", "v"))
+                t.start()
+                t.join()
+                raise RuntimeError("boom")
+        trace.engaged("after", "v")
+    seen = {e.component: e.layer for e in rec.events}
+    assert seen == {"other_thread": None, "after": None}

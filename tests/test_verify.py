@@ -86,6 +86,21 @@ def test_only_then_resume_accumulates_and_skips_done_suites(tmp_path):
     assert summary(second)["suites"] == {"coverage": "done", "kernels": "done"}
 
 
+def test_only_a_failing_suite_exits_1_and_a_passing_one_3(tmp_path):
+    spec = make_project(tmp_path / "p", mode="broken_fast")
+    failed = run(spec, out=tmp_path / "run", only=["coverage"])
+    # still incomplete (kernels not run), but the coverage gate already failed: exit 1
+    assert (failed.exit_code, failed.verdict) == (1, "incomplete"), failed.message
+    assert "already failed" in failed.message and "--resume" in failed.message
+    assert summary(failed)["gates"]["coverage_fast_path_fired"]["status"] == "fail"
+    passing = run(spec, out=tmp_path / "run2", only=["kernels"])  # kernels pass in this mode
+    assert (passing.exit_code, passing.verdict) == (3, "incomplete"), passing.message
+    runner = CliRunner()
+    res = runner.invoke(app, ["verify", str(spec), "--tier", "smoke", "--only", "coverage", "--out",
+                              str(tmp_path / "run3"), "--suites-dir", str(SUITES)])
+    assert res.exit_code == 1, res.output
+
+
 @pytest.mark.parametrize("how", ["1", "term"])  # Ctrl-C, or SIGTERM from a time limit
 def test_interrupted_run_is_never_signed_nor_passing_and_resumes(tmp_path, monkeypatch, how):
     from fastpath.signing import generate_keypair

@@ -253,7 +253,7 @@ class EmbeddedEngine:
             from .fast import registry
         except Exception:
             return []
-        return list(registry.components())
+        return list(registry.components(cfg=self.cfg))
 
     def kernels(self) -> list[Any]:
         try:

@@ -65,6 +65,28 @@ class Component:
     name: str
     fast_kernel_patterns: list[str] = field(default_factory=list)
     fallback_kernel_patterns: list[str] = field(default_factory=list)
+    layers: list[int] | None = None  # the layers it serves (None: once per step)
+
+
+def layers_served(cfg: Any) -> dict[str, list[int] | None]:
+    """Component -> the layers of ``cfg`` (a K3Config) it serves in every fast decode step
+    (step.py: every layer's attention in/out projections and its norms run as fused gemvs;
+    KDA / MLA decode at the layers of that kind; the MoE parts at the MoE layers). None: the
+    components that run once per step."""
+    every = list(range(cfg.n_layers))
+    kinds = [cfg.layer_kind(i) for i in every]
+    moe = [i for i in every if cfg.ffn_kind(i) == "moe"]
+    out: dict[str, list[int] | None] = {name: None for name in COMPONENT_NAMES}
+    out.update({
+        "dense_gemv": every,
+        "norm_residual": every,
+        "kda_decode": [i for i in every if kinds[i] == "kda"],
+        "mla_decode": [i for i in every if kinds[i] == "mla"],
+        "moe_router": moe,
+        "moe_experts": moe,
+        "shared_expert": moe,
+    })
+    return out
 
 
 # Kernel modules that failed to import (name -> error), e.g. CuTe DSL without cutlass.
@@ -108,13 +130,15 @@ def kernels() -> list[Any]:
     return out
 
 
-def components(entries: list[Any] | None = None) -> list[Component]:
+def components(entries: list[Any] | None = None, cfg: Any = None) -> list[Component]:
     """Component → fast and fallback kernel-name patterns (fast ones include every registered
-    kernel's own ``kernel_patterns``)."""
+    kernel's own ``kernel_patterns``) and, given the model config ``cfg``, the layers it serves."""
     fast = {k: list(v) for k, v in _FAST.items()}
     for e in entries if entries is not None else kernels():
         pats = fast.setdefault(e.component, [])
         for p in getattr(e, "kernel_patterns", []) or []:
             if p not in pats:
                 pats.append(p)
-    return [Component(n, fast.get(n, []), list(_FALLBACK.get(n, []))) for n in COMPONENT_NAMES]
+    served = layers_served(cfg) if cfg is not None else {}
+    return [Component(n, fast.get(n, []), list(_FALLBACK.get(n, [])), served.get(n))
+            for n in COMPONENT_NAMES]

@@ -63,13 +63,14 @@ class DecodeStep:
         with PDL.scope(plan.pdl != "off"):
             torch.index_select(self.head.embed, 0, b.tokens, out=b.xa)
             for i, p in enumerate(self.layers):
-                attend = attention.kda if p.kind == "kda" else attention.mla
-                attend(self, i, p, state, b.xa, b.xb)  # xa → xb = xa + attention
-                if p.ffn_kind == "dense":
-                    self.dense_ffn(i, p, b.xb, b.xa)  # xb → xa = xb + FFN
-                else:
-                    with PDL.scope(plan.pdl_in_moe):
-                        moe_block.moe(self, i, p, b.xb, b.xs, b.xa)
+                with trace.layer(i):  # every event of the layer names it (the coverage gate's per-layer check)
+                    attend = attention.kda if p.kind == "kda" else attention.mla
+                    attend(self, i, p, state, b.xa, b.xb)  # xa → xb = xa + attention
+                    if p.ffn_kind == "dense":
+                        self.dense_ffn(i, p, b.xb, b.xa)  # xb → xa = xb + FFN
+                    else:
+                        with PDL.scope(plan.pdl_in_moe):
+                            moe_block.moe(self, i, p, b.xb, b.xs, b.xa)
             c = self.gemv("lm_head", b.xa, self.head.lm_head, b.logits[:, : cfg.n_real_tokens],
                           norm_weight=self.head.final_norm)
             trace.engaged("lm_head", G.variant_name(B, c), batch=B, vocab=cfg.n_real_tokens, hidden=cfg.hidden)

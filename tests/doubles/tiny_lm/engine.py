@@ -62,6 +62,12 @@ class Comp:
     name: str
     fast_kernel_patterns: list[str] = field(default_factory=list)
     fallback_kernel_patterns: list[str] = field(default_factory=list)
+    layers: list[int] | None = None  # the layers it serves (None: once per step)
+
+
+# The double has one block (layer 0): recurrence, norm and the FFN gemv serve it; the head,
+# the sampler and the emulated graph run once per step.
+LAYERED = ("recurrence", "norm", "gemv")
 
 
 def _weights(seed: int = 1234) -> dict[str, torch.Tensor]:
@@ -103,13 +109,14 @@ class DoubleModel:
         w = self.w
         B = tok.shape[0]
         e = w["emb"][tok]
-        s = fast_path.recurrence(s, e, w["decay"], context)
-        trace.engaged("recurrence", "fp32_state", batch=B)
-        x = e + (0.2 * s).to(self.dtype)
-        h = fast_path.rmsnorm(x, w["g1"])
-        trace.engaged("norm", "fused", batch=B)
-        f = fast_path.gemv(torch.nn.functional.gelu(fast_path.gemv(h, w["w1"])), w["w2"]) + h
-        trace.engaged("gemv", "smallm" if B <= 2 else "splitk", batch=B)
+        with trace.layer(0):  # the block's events name its layer
+            s = fast_path.recurrence(s, e, w["decay"], context)
+            trace.engaged("recurrence", "fp32_state", batch=B)
+            x = e + (0.2 * s).to(self.dtype)
+            h = fast_path.rmsnorm(x, w["g1"])
+            trace.engaged("norm", "fused", batch=B)
+            f = fast_path.gemv(torch.nn.functional.gelu(fast_path.gemv(h, w["w1"])), w["w2"]) + h
+            trace.engaged("gemv", "smallm" if B <= 2 else "splitk", batch=B)
         z = fast_path.rmsnorm(f, w["g2"])
         logits = fast_path.gemv(z, w["wlm"]).float()
         trace.engaged("lm_head", "gemv", batch=B)
@@ -424,7 +431,7 @@ class TinyLMEngine:
         return DoubleModel(path, _DT[self.dtype])
 
     def components(self) -> list[Comp]:
-        return [Comp(c, [rf"^double_{c}"], [rf"^std_{c}"]) for c in COMPONENTS]
+        return [Comp(c, [rf"^double_{c}"], [rf"^std_{c}"], [0] if c in LAYERED else None) for c in COMPONENTS]
 
     def kernels(self) -> list[Kernel]:
         return kernel_registry()
