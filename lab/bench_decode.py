@@ -27,6 +27,7 @@ import torch
 
 from fastpath.measure import copy_bandwidth, time_calls
 from optimized_model.k3.config import bytes_per_step
+from optimized_model.k3.fast import dispatch
 
 
 def _sync(device: str) -> None:
@@ -41,8 +42,6 @@ def bench(engine, paths: list[str], batches: list[int], contexts: list[int], rou
     dtype_bytes = {"bfloat16": 2, "float16": 2, "float32": 4}[info["dtype"]]
     bw = copy_bandwidth(device)
     log(f"copy bandwidth (read+write): {bw / 1e12:.3f} TB/s")
-    from optimized_model.k3.fast import dispatch
-
     models = {p: engine.load(p, additional_config=dispatch.switch_config()) for p in paths}
     cfg = engine.cfg
     rows = []

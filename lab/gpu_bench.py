@@ -308,7 +308,7 @@ def bench_decode(batches, contexts, rounds, replays, budget_s, bw, rows=None, on
             except Exception as exc:
                 row["status"] = f"error {type(exc).__name__}: {exc}"
                 traceback.print_exc(limit=4)
-            runner._graphs.clear()
+            runner.clear_graph_cache()
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
             rows.append(row)

@@ -123,12 +123,17 @@ def median(xs: list[float]) -> float:
     return float(statistics.median(xs))
 
 
+def case_settings(case, spec, tier, engine) -> tuple[int, int, int, bool, str, dict]:
+    """(batch, context, draft, gated, why not gated, run settings) of one timed case."""
+    cfg = H.case_config(case)
+    gated, why = gating(spec, tier, engine)
+    return (int(cfg["batch"]), int(cfg["context"]), int(cfg.get("draft", 0)), gated, why,
+            run_settings(spec, gated))
+
+
 @pytest.mark.fastpath(kind="speedup", gate="perf_speedup")
 def test_speedup(case, fp_models, fp_engine, fp_spec, fp_tier, record):
-    cfg = H.case_config(case)
-    batch, context, draft = int(cfg["batch"]), int(cfg["context"]), int(cfg.get("draft", 0))
-    gated, why = gating(fp_spec, fp_tier, fp_engine)
-    s = run_settings(fp_spec, gated)
+    batch, context, draft, gated, why, s = case_settings(case, fp_spec, fp_tier, fp_engine)
     status = None if gated else "info"
     start = _SESSION.setdefault("t0", time.monotonic())
     if s["budget_s"] and time.monotonic() - start > s["budget_s"]:
@@ -243,10 +248,7 @@ def test_speedup(case, fp_models, fp_engine, fp_spec, fp_tier, record):
 
 @pytest.mark.fastpath(kind="control", gate="perf_control")
 def test_control(case, fp_models, fp_engine, fp_spec, fp_tier, record):
-    cfg = H.case_config(case)
-    batch, context, draft = int(cfg["batch"]), int(cfg["context"]), int(cfg.get("draft", 0))
-    gated, why = gating(fp_spec, fp_tier, fp_engine)
-    s = run_settings(fp_spec, gated)
+    batch, context, draft, gated, why, s = case_settings(case, fp_spec, fp_tier, fp_engine)
     std = fp_models["standard"]
     a, _ = build(std, batch, context, draft)
     b, _ = build(std, batch, context, draft)  # a second, separately built step of the same path

@@ -5,9 +5,6 @@ for production decoding (``generate``) alike."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -15,16 +12,13 @@ import pytest
 
 from fastpath import launches, trace
 
+from suite_modules import load_suite
+
 REPO = Path(__file__).resolve().parent.parent
 
 
 def _coverage_suite():
-    spec = importlib.util.spec_from_file_location("_suite_coverage_layers", REPO / "suites" / "test_coverage.py")
-    mod = importlib.util.module_from_spec(spec)
-    with warnings.catch_warnings():  # the fastpath mark is registered by the plugin, absent here
-        warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
-        spec.loader.exec_module(mod)
-    return mod
+    return load_suite("coverage", "_suite_coverage_layers")
 
 
 coverage = _coverage_suite()

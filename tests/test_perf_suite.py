@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from suite_modules import load_suite
+
 REPO = Path(__file__).resolve().parent.parent
 REAL_SPEC = REPO / "optimized_model" / "k3" / "fastpath.toml"
 
@@ -88,15 +90,7 @@ def test_summary_table_is_a_row_and_an_artifact(perf_run):
 
 
 def _perf_module():
-    import importlib.util
-    import warnings
-
-    spec = importlib.util.spec_from_file_location("_suite_perf", REPO / "suites" / "test_perf.py")
-    mod = importlib.util.module_from_spec(spec)
-    with warnings.catch_warnings():  # the fastpath mark is registered by the plugin, absent here
-        warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
-        spec.loader.exec_module(mod)
-    return mod
+    return load_suite("perf")
 
 
 class _Engine:

@@ -3,7 +3,6 @@ helpers. The defect-by-defect proof is the mutation self-test (tests/mutation/).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -18,19 +17,14 @@ import torch
 
 from fastpath import jitter
 
+from suite_modules import load_suite
+
 REPO = Path(__file__).resolve().parent.parent
 DOUBLE_SPEC = REPO / "tests" / "doubles" / "tiny_lm" / "spec.toml"
 
 
 def _suite(name: str):
-    import warnings
-
-    spec = importlib.util.spec_from_file_location(f"_suite_{name}", REPO / "suites" / f"test_{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    with warnings.catch_warnings():  # the fastpath mark is registered by the plugin, absent here
-        warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
-        spec.loader.exec_module(mod)
-    return mod
+    return load_suite(name)
 
 
 kernels = _suite("kernels")

@@ -65,6 +65,11 @@ class K3Runner:
         self.compile_mode = None if compile_mode in (None, "", "off") else str(compile_mode)
         self._compiled = None
 
+    def clear_graph_cache(self) -> None:
+        """Drop the captured decode graphs (benchmarks free memory between shapes); the pool's
+        first graph stays alive, so a later capture into the shared pool is still valid."""
+        self._graphs.clear()
+
     # -- dispatch -----------------------------------------------------------------------------
     def _select(self, batch: int, context: int, kind: str):
         if not self.fast_mode:
