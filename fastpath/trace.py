@@ -9,12 +9,20 @@ replay. So events reported inside ``capturing(key)`` are bound to that key (whet
 recorder is open at capture time), and ``replayed(key)`` re-emits them as executions to the
 open recorders.
 
-This module is imported by model code, so it has no dependencies and costs one global lookup
-and one truthiness test per call when nothing is recording.
+Worker processes: in a distributed engine (vLLM's engine core and its workers) the model runs
+in a process where the harness has no recorder. Model code there calls ``open_sink_from_env(rank)``
+once (at model construction); when the harness set ``FASTPATH_TRACE_SINK`` (a directory) for its
+engine, every event is then appended to ``<dir>/rank<R>-pid<P>.jsonl``, tagged with the rank, and
+the harness reads them back into its recorders (``fastpath.trace_sink.SinkReader``).
+
+This module is imported by model code, so it has no dependencies beyond the standard library and
+costs one global lookup and one truthiness test per call when nothing is recording.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -32,7 +40,14 @@ __all__ = [
     "forget",
     "bound_events",
     "is_recording",
+    "open_sink_from_env",
+    "SINK_ENV",
 ]
+
+SINK_ENV = "FASTPATH_TRACE_SINK"
+# Set (only) in the harness's own process, so an engine that runs its model in process does not
+# also write the sink (its events already reach the open recorders).
+HARNESS_PID_ENV = "FASTPATH_TRACE_HARNESS_PID"
 
 # Open recorders; a plain list so the hot-path test is a single truthiness check.
 _recorders: list["Recorder"] = []
@@ -44,6 +59,8 @@ _local = threading.local()
 _lock = threading.Lock()
 # Number of captures open on any thread: lets the idle path skip the thread-local lookup.
 _open_captures = 0
+# Worker sink: (open file, rank) once open_sink_from_env() found a directory; else None.
+_sink: "tuple[Any, int] | None" = None
 
 
 @dataclass(frozen=True)
@@ -61,6 +78,7 @@ class Event:
     shape: tuple[tuple[str, Any], ...] = ()
     phase: str = "eager"
     graph: Hashable | None = None
+    rank: int | None = None  # the worker process that reported it (None: this process)
 
     @property
     def executed(self) -> bool:
@@ -77,6 +95,7 @@ class Event:
             "shape": self.shape_dict(),
             "phase": self.phase,
             "graph": None if self.graph is None else repr(self.graph),
+            "rank": self.rank,
         }
 
 
@@ -123,18 +142,45 @@ def _emit(event: Event) -> None:
             _graphs.setdefault(key, []).append(event)
     for r in list(_recorders):
         r.events.append(event)
+    if _sink is not None and not _recorders:
+        _write_sink(event)
+
+
+def _write_sink(event: Event) -> None:
+    fh, rank = _sink
+    row = event.as_dict()
+    row["rank"] = rank
+    with _lock:  # one line per write: the reader never sees half an event
+        fh.write(json.dumps(row, default=str) + "\n")
+        fh.flush()
+
+
+def open_sink_from_env(rank: int = 0) -> bool:
+    """In a worker process of a distributed engine: write this process's events to the sink
+    directory the harness named in ``FASTPATH_TRACE_SINK`` (no-op if unset, or if this is the
+    harness's own process). Returns whether a sink is open."""
+    global _sink
+    directory = os.environ.get(SINK_ENV)
+    if not directory or os.environ.get(HARNESS_PID_ENV) == str(os.getpid()):
+        return False
+    if _sink is not None:
+        return True
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"rank{int(rank)}-pid{os.getpid()}.jsonl")
+    _sink = (open(path, "a", encoding="utf-8"), int(rank))
+    return True
 
 
 def engaged(component: str, variant: str, **shape: Any) -> None:
     """The fast path ran ``component`` with ``variant`` on ``shape``."""
-    if not _recorders and not _open_captures:
+    if not _recorders and not _open_captures and _sink is None:
         return
     _emit(Event("engaged", component, variant, tuple(sorted(shape.items()))))
 
 
 def refused(component: str, reason: str, **shape: Any) -> None:
     """The fast path declined ``component`` (the standard path ran instead) for ``reason``."""
-    if not _recorders and not _open_captures:
+    if not _recorders and not _open_captures and _sink is None:
         return
     _emit(Event("refused", component, reason, tuple(sorted(shape.items()))))
 
@@ -174,7 +220,7 @@ def capturing(key: Hashable) -> Iterator[None]:
 
 def replayed(key: Hashable, times: int = 1) -> None:
     """Graph ``key`` was replayed ``times`` times: its bound events executed again."""
-    if not _recorders:
+    if not _recorders and _sink is None:
         return
     bound = _graphs.get(key)
     if bound is None:
