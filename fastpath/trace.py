@@ -41,6 +41,7 @@ __all__ = [
     "bound_events",
     "is_recording",
     "open_sink_from_env",
+    "paused",
     "SINK_ENV",
 ]
 
@@ -198,6 +199,20 @@ def recording() -> Iterator[Recorder]:
         yield rec
     finally:
         _recorders.remove(rec)
+
+
+@contextmanager
+def paused() -> Iterator[None]:
+    """Events reported in this block reach no open recorder (a harness's own set-up work, e.g.
+    the prefills an engine runs before the decode step a suite records)."""
+    with _lock:
+        saved = list(_recorders)
+        _recorders.clear()
+    try:
+        yield
+    finally:
+        with _lock:
+            _recorders[:0] = saved
 
 
 @contextmanager

@@ -34,7 +34,7 @@ Engine options: ``model`` (a model directory; required), ``dtype``, ``tensor_par
 ``kv_cache_gb`` (CPU: VLLM_CPU_KVCACHE_SPACE), ``components`` (list of {name,
 fast_kernel_patterns, fallback_kernel_patterns}: what the fast path's trace names),
 ``compact_json`` (JSON-schema outputs without optional whitespace: vLLM's
-``disable_any_whitespace``; a random model otherwise fills its tokens with newlines),
+``structured_outputs_config.disable_any_whitespace``; a random model otherwise fills its tokens with newlines),
 ``switch`` ({key, value}: the switch the fast path answers to, for messages), ``llm_kwargs``
 (any other ``vllm.LLM`` argument).
 """
@@ -108,14 +108,13 @@ class Tokenizer:
                                                 tokenize=True, return_dict=False))
 
 
-def _sampling_params(vllm, req, compact_json: bool = False) -> Any:
+def _sampling_params(vllm, req) -> Any:
     from vllm.sampling_params import StructuredOutputsParams
 
     structured = None
     if req.structured:
         if "json_schema" in req.structured:
-            structured = StructuredOutputsParams(json=req.structured["json_schema"],
-                                                 disable_any_whitespace=compact_json)
+            structured = StructuredOutputsParams(json=req.structured["json_schema"])
         elif "regex" in req.structured:
             structured = StructuredOutputsParams(regex=req.structured["regex"])
         else:
@@ -132,10 +131,8 @@ def _sampling_params(vllm, req, compact_json: bool = False) -> Any:
 class VllmModel:
     """A ``vllm.LLM`` on one path (implements fastpath.engine.Model)."""
 
-    def __init__(self, path: str, llm, tokenizer: Tokenizer, device: str, sink: SinkReader,
-                 compact_json: bool = False):
+    def __init__(self, path: str, llm, tokenizer: Tokenizer, device: str, sink: SinkReader):
         self.path = path
-        self.compact_json = compact_json
         self.llm = llm
         self.tokenizer = tokenizer
         self.device = device
@@ -150,7 +147,7 @@ class VllmModel:
         if not requests:
             return []
         prompts = [{"prompt_token_ids": list(r.prompt_ids)} for r in requests]
-        params = [_sampling_params(vllm, r, self.compact_json) for r in requests]
+        params = [_sampling_params(vllm, r) for r in requests]
         self._abort_running()
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         self.sink.drain()
@@ -218,7 +215,8 @@ class VllmModel:
 
         def step() -> None:
             if len(self._running) != batch or not self.llm.llm_engine.has_unfinished_requests():
-                self._start_decoders(batch, context)
+                with trace.paused():
+                    self._start_decoders(batch, context)
             self.llm.llm_engine.step()
             self.sink.drain()
 
@@ -226,7 +224,8 @@ class VllmModel:
 
     def prefill_step(self, batch: int, context: int):
         def step() -> None:
-            self._abort_running()
+            with trace.paused():
+                self._abort_running()
             for j in range(batch):
                 self._add(self._prompt(context, seed=j), self._greedy(1))
             engine = self.llm.llm_engine
@@ -238,9 +237,12 @@ class VllmModel:
 
     def mixed_step(self, batch: int, context: int):
         """``batch - 1`` running decodes and one new prompt scheduled into the same step."""
+        self._start_decoders(batch - 1, context)
+
         def step() -> None:
             if len(self._running) != batch - 1:
-                self._start_decoders(batch - 1, context)
+                with trace.paused():
+                    self._start_decoders(batch - 1, context)
             self._add(self._prompt(context, seed=99), self._greedy(1))
             self.llm.llm_engine.step()
             self.sink.drain()
@@ -282,7 +284,9 @@ class VllmModel:
     # -- helpers -----------------------------------------------------------------------------
     def _add(self, prompt_ids: list[int], params) -> str:
         rid = f"fp-{next(self._ids)}"
-        return self.llm.llm_engine.add_request(rid, {"prompt_token_ids": prompt_ids}, params)
+        # outputs and abort_request use the caller's id (add_request returns an internal one)
+        self.llm.llm_engine.add_request(rid, {"prompt_token_ids": prompt_ids}, params)
+        return rid
 
     def _greedy(self, n: int):
         return import_vllm().SamplingParams(max_tokens=int(n), temperature=0.0, ignore_eos=True)
@@ -302,7 +306,8 @@ class VllmModel:
         self.sink.read_new()  # events of aborted work belong to no caller's step
 
     def _start_decoders(self, batch: int, context: int) -> None:
-        """``batch`` requests run through their prefill, so the next step is a pure decode."""
+        """``batch`` requests run through their prefill, so the next step is a pure decode.
+        Call outside a recording, or under ``trace.paused()``: its prefills are set-up."""
         self._abort_running()
         engine = self.llm.llm_engine
         max_len = engine.vllm_config.model_config.max_model_len
@@ -373,8 +378,7 @@ class VllmEngine:
         hf = llm.get_tokenizer()
         vocab = llm.llm_engine.vllm_config.model_config.get_vocab_size()
         model = VllmModel(path if extra else ("oracle" if path == "oracle" else "standard"), llm,
-                          Tokenizer(hf, vocab), "cuda" if current_platform.is_cuda_alike() else "cpu", self.sink,
-                          compact_json=bool(self.options.get("compact_json", False)))
+                          Tokenizer(hf, vocab), "cuda" if current_platform.is_cuda_alike() else "cpu", self.sink)
         self._models.append(model)
         return model
 
@@ -406,6 +410,11 @@ class VllmEngine:
         os.environ.update(self.sink.env())
         os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(self.log_config)
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+        # The engine core in this process: each LLMEngine.step() is then exactly one scheduler
+        # step (a core in its own process runs ahead of the caller, and a step's trace events
+        # could not be told from the next one's). The model still runs in vLLM's executor's
+        # worker processes, which write the trace sink.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if on_cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(o.get("kv_cache_gb", 1)))
         kwargs: dict[str, Any] = dict(
@@ -418,7 +427,12 @@ class VllmEngine:
             additional_config=additional_config, disable_log_stats=False,
             # the forcing processor reads each request's output so far: no step may run ahead
             async_scheduling=False,
+            # the model in a worker process of vLLM's own executor even at world size 1, as at
+            # TP8: its events then travel through the worker sink like every rank's
+            distributed_executor_backend=o.get("distributed_executor_backend", "mp"),
         )
+        if o.get("compact_json"):
+            kwargs["structured_outputs_config"] = {"backend": "xgrammar", "disable_any_whitespace": True}
         for key in ("max_model_len", "max_num_seqs", "speculative_config", "max_num_batched_tokens"):
             if o.get(key) is not None:
                 kwargs[key] = o[key]
