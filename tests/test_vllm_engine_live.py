@@ -20,11 +20,12 @@ from vllm_live import SWITCH, engine_options, make_fixture_model, network_interf
 
 pytestmark = requires_vllm
 
-# The string's pattern keeps the random model from raw control characters, which xgrammar's
-# JSON grammar admits inside strings and Python's json (strict) rejects.
+# Bounded fields: a random model fills an unbounded integer with digits up to max_tokens, and
+# writes raw control characters into a free string (xgrammar's JSON grammar admits them;
+# Python's strict json rejects them).
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^[a-z ]{1,8}$"},
-                                           "age": {"type": "integer"}},
-          "required": ["name", "age"], "additionalProperties": False}
+                                           "ok": {"type": "boolean"}, "tag": {"enum": ["x", "y", "z"]}},
+          "required": ["name", "ok", "tag"], "additionalProperties": False}
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +69,10 @@ def test_regex_structured_output(fast):
 def test_json_schema_structured_output(fast):
     jsonschema = pytest.importorskip("jsonschema")
     prompt = fast.tokenizer.encode("json records")
-    outs = fast.generate([GenerationRequest(prompt, max_tokens=48, temperature=0.7, seed=s,
+    outs = fast.generate([GenerationRequest(prompt, max_tokens=64, temperature=0.7, seed=s,
                                             structured={"json_schema": SCHEMA}) for s in range(2)])
     for o in outs:
+        assert o.finish_reason == "stop", o.text  # the grammar ended it
         jsonschema.validate(json.loads(o.text), SCHEMA)
 
 
