@@ -28,7 +28,7 @@ reports vLLM's own measurement, derived from its per-request stats
 (``RequestOutput.metrics``: (last_token_ts - first_token_ts) / (generated - 1), the engine
 core's timestamps; the first token, i.e. the prefill, is excluded).
 
-Engine options: ``model`` (a model directory; required), ``dtype``, ``tensor_parallel_size``,
+Engine options: ``model`` (a model directory or name, ``${VAR}`` expanded; required), ``dtype``, ``tensor_parallel_size``,
 ``data_parallel_size``, ``decode_context_parallel_size``, ``max_model_len``, ``max_num_seqs``,
 ``enforce_eager`` (default True on CPU), ``speculative_config`` (dict, as vLLM takes it), ``seed``,
 ``kv_cache_gb`` (CPU: VLLM_CPU_KVCACHE_SPACE), ``components`` (list of {name,
@@ -343,6 +343,10 @@ class VllmEngine:
             raise ValueError("the vllm engine needs engine option 'model' (a model directory or name), "
                              "e.g. engine_options = { model = \"/models/kimi-k3\" } in the spec's tier")
         self.options = dict(options)
+        # "${VAR}" in the model option: a spec can name a directory made at run time
+        self.options["model"] = os.path.expandvars(str(options["model"]))
+        if "$" in self.options["model"]:
+            raise ValueError(f"engine option model={options['model']!r}: an environment variable in it is not set")
         self.workdir = Path(options.get("workdir") or tempfile.mkdtemp(prefix="fastpath-vllm-"))
         self.sink = SinkReader(self.workdir / "trace")
         self.log_config, self.log_file = logs.write_logging_config(self.workdir)
