@@ -100,7 +100,7 @@ class Event:
         }
 
 
-@dataclass
+@dataclass(eq=False)  # identity: recording() removes THIS recorder, not an equal nested one
 class Recorder:
     """Collects events while open. Read ``events`` or the summaries below."""
 

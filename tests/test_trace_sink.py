@@ -61,3 +61,21 @@ def test_a_half_written_line_waits_for_the_next_drain(tmp_path):
     assert reader.read_new() == []
     path.write_text(line + "\n")
     assert [e.component for e in reader.read_new()] == ["c"]
+
+
+def test_nested_recorders_with_equal_events_close_in_order():
+    """An engine's own per-step recording inside a suite's: closing the inner one (whose events
+    equal the outer's) must not remove the outer one."""
+    with trace.recording() as outer:
+        with trace.recording() as inner:
+            trace.engaged("lm_head", "x")
+        assert outer.events == inner.events
+    assert len(outer.engaged()) == 1 and not trace.is_recording()
+
+
+def test_paused_hides_set_up_events_from_open_recorders():
+    with trace.recording() as rec:
+        with trace.paused():
+            trace.refused("lm_head", "prefill")
+        trace.engaged("lm_head", "x")
+    assert [e.kind for e in rec.events] == ["engaged"]

@@ -35,6 +35,7 @@ Engine options: ``model`` (a model directory or name, ``${VAR}`` expanded; requi
 fast_kernel_patterns, fallback_kernel_patterns}: what the fast path's trace names),
 ``compact_json`` (JSON-schema outputs without optional whitespace: vLLM's
 ``structured_outputs_config.disable_any_whitespace``; a random model otherwise fills its tokens with newlines),
+``kernel_registry`` ("module:callable": the fast path's kernels for the kernels suite),
 ``switch`` ({key, value}: the switch the fast path answers to, for messages), ``llm_kwargs``
 (any other ``vllm.LLM`` argument).
 """
@@ -391,7 +392,18 @@ class VllmEngine:
                 for c in self.options.get("components", [])]
 
     def kernels(self) -> list:
-        return []  # a vLLM model's kernels are not exposed one by one: the kernels suite waives
+        """The fast path's kernels, from the ``kernel_registry`` option ("module:callable"
+        returning KernelEntry objects: the kernels are importable outside vLLM's model code);
+        none without it (vLLM does not expose a model's kernels one by one)."""
+        ref = self.options.get("kernel_registry")
+        if not ref:
+            return []
+        import importlib
+
+        module, _, func = str(ref).partition(":")
+        if not func:
+            raise ValueError(f"engine option kernel_registry={ref!r}: use 'module:callable'")
+        return list(getattr(importlib.import_module(module), func)())
 
     def fast_path_available(self) -> tuple[bool, str]:
         return True, ""

@@ -2,8 +2,8 @@
 ``additional_config={"decode_backend": "latency_specialized"}``, dispatching like K3-mini's.
 
 Fast path (switch on): a decode step (every request in the step has one new token and some
-context) of at most MAX_BATCH requests computes the logits with ``fast_lm_head`` (fp32, chunked
-over the hidden size: the same math, written differently) and reports
+context) of at most MAX_BATCH requests computes the logits with ``fast_head.fast_lm_head``
+(fp32, chunked over the hidden size: the same math, written differently) and reports
 ``engaged("lm_head", "chunked_fp32", batch=...)``; any other step runs vLLM's LM head and reports
 ``refused("lm_head", reason)`` with reason ``prefill``, ``mixed_batch`` or
 ``batch_out_of_scope``. Switch off (or another value): vLLM's path, no event, as vLLM would.
@@ -27,27 +27,18 @@ from vllm.model_executor.models.llama import LlamaForCausalLM
 
 from fastpath import trace
 
+from .fast_head import CHUNK, fast_lm_head  # noqa: F401  (CHUNK: the kernel's one knob)
+
 SWITCH = {"decode_backend": "latency_specialized"}
 COMPONENT = "lm_head"
 VARIANT = "chunked_fp32"
 MAX_BATCH = 4  # the fixture's fast-path scope: decode batches 1..4
-CHUNK = 32
 FAULT_ENV = "FASTPATH_VLLM_FIXTURE_FAULT"
 
 
 def switch_on(additional_config) -> bool:
     cfg = additional_config or {}
     return all(str(cfg.get(k)) == v for k, v in SWITCH.items())
-
-
-def fast_lm_head(hidden: torch.Tensor, weight: torch.Tensor, vocab: int) -> torch.Tensor:
-    """logits = hidden @ weight.T in fp32, accumulated over CHUNK-wide slices of the hidden size."""
-    h = hidden.float()
-    w = weight[:vocab].float()
-    out = torch.zeros(h.shape[0], vocab, dtype=torch.float32, device=h.device)
-    for k0 in range(0, h.shape[1], CHUNK):
-        out += h[:, k0:k0 + CHUNK] @ w[:, k0:k0 + CHUNK].T
-    return out.to(hidden.dtype)
 
 
 def step_kind() -> tuple[str, int]:
