@@ -46,6 +46,7 @@ import gc
 import itertools
 import os
 import platform
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -348,6 +349,7 @@ class VllmEngine:
         self.options["model"] = os.path.expandvars(str(options["model"]))
         if "$" in self.options["model"]:
             raise ValueError(f"engine option model={options['model']!r}: an environment variable in it is not set")
+        self._own_workdir = not options.get("workdir")
         self.workdir = Path(options.get("workdir") or tempfile.mkdtemp(prefix="fastpath-vllm-"))
         self.sink = SinkReader(self.workdir / "trace")
         self.log_config, self.log_file = logs.write_logging_config(self.workdir)
@@ -416,6 +418,8 @@ class VllmEngine:
         for m in self._models:
             m.close()
         self._models = []
+        if self._own_workdir:  # the sink and vLLM's log file; a given ``workdir`` is kept
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     # -- vLLM ---------------------------------------------------------------------------------
     def _llm(self, dtype: str, additional_config: dict, parallel: dict):
