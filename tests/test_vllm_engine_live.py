@@ -142,3 +142,15 @@ def test_vllm_backend_log_lines_are_evidence(engine, fast):
 def test_decode_latency_is_vllms_own_measure(fast):
     lat = fast.decode_latency(batch=2, context=16, tokens=6)
     assert lat["requests"] == 2 and 0.0 < lat["per_token_s_median"] <= lat["per_token_s_max"] < 60.0
+
+
+def test_vllms_profiler_hook_shows_the_fast_kernel_only_on_fast_steps(fast):
+    """torch.profiler through vLLM's own hook, in its worker: the fixture's fast LM head (a
+    record_function annotation on CPU) appears in decode steps and not in prefill steps."""
+    from fastpath_vllm_fixture.fast_head import PROFILE_NAME
+
+    decode = fast.profile_names(fast.decode_step(2, 16), 2)
+    prefill = fast.profile_names(fast.prefill_step(2, 16), 1)
+    assert PROFILE_NAME in decode, decode[:50]
+    assert PROFILE_NAME not in prefill
+    assert any(n.startswith("aten::") for n in prefill)  # the capture itself worked

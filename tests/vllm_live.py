@@ -52,7 +52,7 @@ def make_fixture_model(out: Path) -> Path:
 
 def engine_options(model_dir: Path, **extra) -> dict:
     return {"model": str(model_dir), "dtype": "float32", "max_model_len": 512, "max_num_seqs": 8,
-            "compact_json": True, "components": COMPONENTS, "switch": {"key": "decode_backend", "value": "latency_specialized"},
+            "compact_json": True, "profile": True, "components": COMPONENTS, "switch": {"key": "decode_backend", "value": "latency_specialized"},
             **extra}
 
 

@@ -17,6 +17,10 @@ call here drains that sink into the harness's open recorders after vLLM returns,
 backend-selection log lines (attention backend, model runner, compilation) are parsed from a
 log file all of vLLM's processes append to (``fastpath.vllm_engine.logs``): ``info()["vllm_log"]``.
 
+Profiler evidence: ``profile_names(step)`` captures steps through vLLM's own profiler hook and
+returns the kernel names (GPU) or op / annotation names (CPU) to match against the components'
+kernel-name patterns.
+
 Teacher-forced scoring (``score``) runs real decode steps: see ``fastpath.vllm_engine.forcing``.
 Each position's step is driven one ``LLMEngine.step()`` at a time and the sink drained after
 it, so ``model.last_score_fast_rows`` says, per sequence and row, whether the step that produced
@@ -35,6 +39,7 @@ Engine options: ``model`` (a model directory or name, ``${VAR}`` expanded; requi
 fast_kernel_patterns, fallback_kernel_patterns}: what the fast path's trace names),
 ``compact_json`` (JSON-schema outputs without optional whitespace: vLLM's
 ``structured_outputs_config.disable_any_whitespace``; a random model otherwise fills its tokens with newlines),
+``profile`` (true: vLLM's torch profiler on, for ``profile_names``),
 ``kernel_registry`` ("module:callable": the fast path's kernels for the kernels suite),
 ``switch`` ({key, value}: the switch the fast path answers to, for messages), ``llm_kwargs``
 (any other ``vllm.LLM`` argument).
@@ -273,6 +278,32 @@ class VllmModel:
         return {"per_token_s_median": per[len(per) // 2], "per_token_s_max": per[-1], "requests": len(per),
                 "tokens": tokens, "source": "RequestOutput.metrics (engine-core timestamps)"}
 
+    def profile_names(self, step, n: int = 2) -> list[str]:
+        """Names in a torch.profiler capture of ``n`` calls of ``step``, taken through vLLM's
+        own profiler hook (``LLM.start_profile`` / ``stop_profile``: every worker traces itself and
+        writes a Chrome trace). On a GPU: the device kernels launched; on CPU: the ops and
+        ``record_function`` annotations. Needs the engine option ``profile = true``."""
+        import json
+
+        cfg = self.llm.llm_engine.vllm_config.profiler_config
+        directory = Path(getattr(cfg, "torch_profiler_dir", "") or "")
+        if getattr(cfg, "profiler", None) != "torch" or not str(directory):
+            raise RuntimeError("profile_names needs the vllm engine option profile = true "
+                               "(vLLM's torch profiler, traces in the engine's work directory)")
+        before = set(directory.rglob("*.json")) if directory.exists() else set()
+        self.llm.start_profile()
+        for _ in range(int(n)):
+            step()
+        self.llm.stop_profile()
+        names: set[str] = set()
+        gpu = self.device == "cuda"
+        for path in sorted(set(directory.rglob("*.json")) - before):
+            for ev in json.loads(path.read_text()).get("traceEvents", []):
+                cat = str(ev.get("cat", ""))
+                if (cat == "kernel") if gpu else cat in ("cpu_op", "user_annotation"):
+                    names.add(str(ev.get("name", "")))
+        return sorted(names)
+
     def close(self) -> None:
         llm, self.llm = self.llm, None
         if llm is None:
@@ -451,6 +482,9 @@ class VllmEngine:
             # TP8: its events then travel through the worker sink like every rank's
             distributed_executor_backend=o.get("distributed_executor_backend", "mp"),
         )
+        if o.get("profile"):
+            kwargs["profiler_config"] = {"profiler": "torch", "torch_profiler_dir": str(self.workdir / "profile"),
+                                         "torch_profiler_use_gzip": False}
         if o.get("compact_json"):
             kwargs["structured_outputs_config"] = {"backend": "xgrammar", "disable_any_whitespace": True}
         for key in ("max_model_len", "max_num_seqs", "speculative_config", "max_num_batched_tokens"):
