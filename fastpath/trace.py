@@ -14,12 +14,20 @@ shape, unless the call names one itself), so a kernel wrapper that knows nothing
 still attributed to the layer of the model's loop that called it; the coverage gate checks every
 layer a component serves (``fastpath.engine.Component.layers``).
 
-This module is imported by model code, so it has no dependencies and costs one global lookup
-and one truthiness test per call when nothing is recording.
+Worker processes: in a distributed engine (vLLM's engine core and its workers) the model runs
+in a process where the harness has no recorder. Model code there calls ``open_sink_from_env(rank)``
+once (at model construction); when the harness set ``FASTPATH_TRACE_SINK`` (a directory) for its
+engine, every event is then appended to ``<dir>/rank<R>-pid<P>.jsonl``, tagged with the rank, and
+the harness reads them back into its recorders (``fastpath.trace_sink.SinkReader``).
+
+This module is imported by model code, so it has no dependencies beyond the standard library and
+costs one global lookup and one truthiness test per call when nothing is recording.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -38,7 +46,15 @@ __all__ = [
     "bound_events",
     "is_recording",
     "layer",
+    "open_sink_from_env",
+    "paused",
+    "SINK_ENV",
 ]
+
+SINK_ENV = "FASTPATH_TRACE_SINK"
+# Set (only) in the harness's own process, so an engine that runs its model in process does not
+# also write the sink (its events already reach the open recorders).
+HARNESS_PID_ENV = "FASTPATH_TRACE_HARNESS_PID"
 
 # Open recorders; a plain list so the hot-path test is a single truthiness check.
 _recorders: list["Recorder"] = []
@@ -50,6 +66,8 @@ _local = threading.local()
 _lock = threading.Lock()
 # Number of captures open on any thread: lets the idle path skip the thread-local lookup.
 _open_captures = 0
+# Worker sink: (open file, rank) once open_sink_from_env() found a directory; else None.
+_sink: "tuple[Any, int] | None" = None
 
 
 @dataclass(frozen=True)
@@ -67,6 +85,7 @@ class Event:
     shape: tuple[tuple[str, Any], ...] = ()
     phase: str = "eager"
     graph: Hashable | None = None
+    rank: int | None = None  # the worker process that reported it (None: this process)
 
     @property
     def executed(self) -> bool:
@@ -91,10 +110,11 @@ class Event:
             "shape": self.shape_dict(),
             "phase": self.phase,
             "graph": None if self.graph is None else repr(self.graph),
+            "rank": self.rank,
         }
 
 
-@dataclass
+@dataclass(eq=False)  # identity: recording() removes THIS recorder, not an equal nested one
 class Recorder:
     """Collects events while open. Read ``events`` or the summaries below."""
 
@@ -148,18 +168,45 @@ def _emit(event: Event) -> None:
             _graphs.setdefault(key, []).append(event)
     for r in list(_recorders):
         r.events.append(event)
+    if _sink is not None and not _recorders:
+        _write_sink(event)
+
+
+def _write_sink(event: Event) -> None:
+    fh, rank = _sink
+    row = event.as_dict()
+    row["rank"] = rank
+    with _lock:  # one line per write: the reader never sees half an event
+        fh.write(json.dumps(row, default=str) + "\n")
+        fh.flush()
+
+
+def open_sink_from_env(rank: int = 0) -> bool:
+    """In a worker process of a distributed engine: write this process's events to the sink
+    directory the harness named in ``FASTPATH_TRACE_SINK`` (no-op if unset, or if this is the
+    harness's own process). Returns whether a sink is open."""
+    global _sink
+    directory = os.environ.get(SINK_ENV)
+    if not directory or os.environ.get(HARNESS_PID_ENV) == str(os.getpid()):
+        return False
+    if _sink is not None:
+        return True
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"rank{int(rank)}-pid{os.getpid()}.jsonl")
+    _sink = (open(path, "a", encoding="utf-8"), int(rank))
+    return True
 
 
 def engaged(component: str, variant: str, **shape: Any) -> None:
     """The fast path ran ``component`` with ``variant`` on ``shape``."""
-    if not _recorders and not _open_captures:
+    if not _recorders and not _open_captures and _sink is None:
         return
     _emit(Event("engaged", component, variant, _with_layer(shape)))
 
 
 def refused(component: str, reason: str, **shape: Any) -> None:
     """The fast path declined ``component`` (the standard path ran instead) for ``reason``."""
-    if not _recorders and not _open_captures:
+    if not _recorders and not _open_captures and _sink is None:
         return
     _emit(Event("refused", component, reason, _with_layer(shape)))
 
@@ -199,6 +246,20 @@ def recording() -> Iterator[Recorder]:
 
 
 @contextmanager
+def paused() -> Iterator[None]:
+    """Events reported in this block reach no open recorder (a harness's own set-up work, e.g.
+    the prefills an engine runs before the decode step a suite records)."""
+    with _lock:
+        saved = list(_recorders)
+        _recorders.clear()
+    try:
+        yield
+    finally:
+        with _lock:
+            _recorders[:0] = saved
+
+
+@contextmanager
 def capturing(key: Hashable) -> Iterator[None]:
     """Bind events reported in this block to graph ``key`` (replacing an earlier capture)."""
     if _capture_key() is not None:
@@ -218,7 +279,7 @@ def capturing(key: Hashable) -> Iterator[None]:
 
 def replayed(key: Hashable, times: int = 1) -> None:
     """Graph ``key`` was replayed ``times`` times: its bound events executed again."""
-    if not _recorders:
+    if not _recorders and _sink is None:
         return
     bound = _graphs.get(key)
     if bound is None:

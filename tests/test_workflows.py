@@ -143,7 +143,7 @@ def test_the_input_check_rejects_an_undeclared_input():
 
 # --- shellcheck ------------------------------------------------------------------------------
 
-SHELL_SCRIPTS = [ROOT / ".ci/run", *sorted((ROOT / ".github/scripts").glob("*.sh"))]
+SHELL_SCRIPTS = [ROOT / ".ci/run", ROOT / ".ci/vllm-env", ROOT / ".ci/vllm-tests", *sorted((ROOT / ".github/scripts").glob("*.sh"))]
 
 
 def _run_scripts() -> list[tuple[str, str]]:
