@@ -132,5 +132,9 @@ def test_coverage_gate_fails_when_the_spec_switch_is_not_the_engines(tmp_path):
 def test_coverage_gate_passes_with_the_engines_own_switch(tmp_path):
     proc, rows = _run_coverage(tmp_path, TINY_SPEC.read_text())
     assert proc.returncode == 0 and rows, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert rows and all(r["status"] == "pass" for r in rows), [r for r in rows if r["status"] != "pass"][:2]
+    gated = [r for r in rows if r["gate"] != "coverage_profiler_kernels"]
+    assert gated and all(r["status"] == "pass" for r in gated), [r for r in gated if r["status"] != "pass"][:2]
+    # tiny_lm launches no Triton kernel, so the CPU second source has nothing to see: a visible waiver
+    second = [r for r in rows if r["gate"] == "coverage_profiler_kernels"]
+    assert second and all(r["status"] == "waived" and "no second source on CPU" in r["message"] for r in second)
     assert {"coverage_fast_path_fired", "coverage_clean_fallback"} <= {r["gate"] for r in rows}
