@@ -1,4 +1,4 @@
-"""Evidence bundle: directory layout, manifest, deterministic archive (DESIGN §3.7).
+"""Evidence bundle: directory layout, manifest, deterministic archive.
 
     NAME.fastpath/
       manifest.json          every other file (except statement*.json): path, size, sha256

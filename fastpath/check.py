@@ -1,4 +1,4 @@
-"""`fastpath check`: the CI gate over a hostile evidence bundle (DESIGN §3.8).
+"""`fastpath check`: the CI gate over a hostile evidence bundle.
 
 Checks are named units run in order (as in MLPerf's submission checker); each lists the rules it
 depends on and is skipped, with the reason, when one of them failed. Every failure names its

@@ -1,4 +1,4 @@
-"""Content digests: canonical JSON, file hashes and the attested tree digests (DESIGN §3.7).
+"""Content digests: canonical JSON, file hashes and the attested tree digests.
 
 A tree digest ("sha256-tree-v1") covers files keyed by their repo-relative POSIX path. It depends
 only on paths and bytes, never on git, mtimes or permissions, so a reviewer's checkout reproduces it.

@@ -1,4 +1,4 @@
-"""The Engine protocol: how the harness drives a subject (DESIGN §3.3).
+"""The Engine protocol: how the harness drives a subject.
 
 Engines are found by name through the ``fastpath.engines`` entry-point group, so the harness
 never imports a subject directly. An engine module may import only ``fastpath.trace`` from the
@@ -8,7 +8,7 @@ the protocols below (duck typing, checked by ``tests/test_engine_contract.py``-s
 Paths: ``"standard"`` (what a generic engine runs), ``"fast"`` (the fast path behind the
 opt-in switch) and ``"oracle"`` (the standard math in fp32, the numerics reference). An engine
 may offer ``"standard_eager"`` (``OPTIONAL_PATHS``): the standard path with its benchmark step
-not compiled, where "standard" compiles it (DESIGN §3.3); the perf suite reports it beside.
+not compiled, where "standard" compiles it; the perf suite reports it beside.
 
 The opt-in switch travels as vLLM's ``additional_config`` does: a mapping ``{key: value}``
 built from the spec's ``[switch]`` table (``switch_config``), passed to ``Engine.load("fast",

@@ -1,4 +1,4 @@
-"""Environment capture for environment.json (DESIGN §3.7): what ran, where, from which tree.
+"""Environment capture for environment.json: what ran, where, from which tree.
 
 Secrets are never captured: environment variables come from an allow-list (and are filtered by a
 secret-looking-name pattern on top), argv values after secret-looking flags are redacted.

@@ -1,4 +1,4 @@
-"""Gate evaluation and the verdict (DESIGN §3.6, docs/architecture.md "Gates").
+"""Gate evaluation and the verdict (docs/architecture.md "Gates").
 
 Rules, in order:
 - every plan case (runnable or waived) must have >= 1 row, else an error row

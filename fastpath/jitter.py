@@ -1,4 +1,4 @@
-"""Jitter stress: perturb timing around kernel calls to surface races (DESIGN §3.5, kernels).
+"""Jitter stress: perturb timing around kernel calls to surface races (kernels).
 
 A race such as "read the activations before waiting on the producer" usually goes unseen
 because the producer happens to finish first. Under ``stress()`` the timing changes:

@@ -1,4 +1,4 @@
-"""Kernel launches as evidence that does not rest on the trace (DESIGN §3.4).
+"""Kernel launches as evidence that does not rest on the trace.
 
 The trace is what the fast path says about itself; a second, independent source says what
 actually ran. On a GPU that source is ``torch.profiler`` (the coverage suite's profiler case).

@@ -1,4 +1,4 @@
-"""Interleaved A/B rounds of decode steps and the roofline figures of the perf suite (DESIGN §3.5, §4).
+"""Interleaved A/B rounds of decode steps and the roofline figures of the perf suite.
 
 A round is four timed segments in A B B A order; a segment is ``replays`` back-to-back calls
 of one path's step (a CUDA-graph replay each on GPU), timed by ``segment_timer``: CUDA events

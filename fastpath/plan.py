@@ -1,4 +1,4 @@
-"""Expand a spec into the case matrix of each suite for one tier (DESIGN §3.2).
+"""Expand a spec into the case matrix of each suite for one tier.
 
 A case is ``{"suite", "kind", "case_id", "config"}`` (docs/architecture.md "Plan cases").
 Cases come from the Cartesian product of the tier's slice of the scope; the pruning rules

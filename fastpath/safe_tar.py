@@ -1,4 +1,4 @@
-"""Safe opening of an untrusted bundle archive or directory (DESIGN §3.8, §5).
+"""Safe opening of an untrusted bundle archive or directory.
 
 Every member header is inspected before a single byte is extracted: absolute paths, `..`,
 links, device/fifo/sparse members, duplicate names, NUL or backslash in names, too many members,

@@ -1,4 +1,4 @@
-"""Signing: Ed25519 keys, in-toto Statement v1 and DSSE envelopes (DESIGN §3.7).
+"""Signing: Ed25519 keys, in-toto Statement v1 and DSSE envelopes.
 
 The statement's subjects bind the bundle: the sha256 of manifest.json (which lists every other
 file's digest) and the four attested tree digests of attested.json, named ``fastpath:<part>``

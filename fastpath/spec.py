@@ -99,7 +99,7 @@ SCHEMA = Field("table", fields={
     "kernels": Field("table", fields={
         "names": Field("list", required=True, nonempty=True, unique=True, items=Field("str")),
     }),
-    # Optional: how the perf suite measures (fastpath.stats / fastpath.perf_timing; DESIGN §4).
+    # Optional: how the perf suite measures (fastpath.stats / fastpath.perf_timing).
     "perf": Field("table", fields={
         # >= 10: the percentile bootstrap of a median over fewer rounds under-covers (a true
         # 1.00x then passes more often than the nominal 2.5 %; tests/test_perf_stats.py)

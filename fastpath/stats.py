@@ -1,4 +1,4 @@
-"""Statistics shared by the suites (DESIGN §4).
+"""Statistics shared by the suites.
 
 - ``g_test``: goodness of fit of observed category counts to expected probabilities (G-test,
   the log-likelihood ratio form of Pearson's chi-square), with low-count bins pooled so that
@@ -213,7 +213,7 @@ def bootstrap_ratio_ci(
     return est, lo, hi
 
 
-# ------------------------------------------------------------------------------ perf (DESIGN §4)
+# ------------------------------------------------------------------------------ perf
 # The unit of the perf statistics is the ROUND: one A B B A block of timed segments (each
 # segment many CUDA-graph replays). Replays inside a segment are not independent samples (they
 # share clocks, thermal state, neighbours), rounds nearly are; a round's time of a path is the

@@ -1,4 +1,4 @@
-"""Dispatch trace: proof that a fast path fired (DESIGN §3.4).
+"""Dispatch trace: proof that a fast path fired.
 
 Model code calls ``engaged(component, variant, **shape)`` when a fast component runs and
 ``refused(component, reason, **shape)`` when it falls back to the standard path. The harness

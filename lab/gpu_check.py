@@ -4,7 +4,7 @@
     python3 -m lab.gpu_check --paths standard,fast
 
 Needs torch with CUDA and fla-core 0.6.0 (on the test machine it travels as a wheel:
-``../shared/gpu/carry-wheels fla-core==0.6.0 ...``). Steps, each timed and printed as it ends:
+lab/README.md says how). Steps, each timed and printed as it ends:
 
 1. fla-core kernels vs the torch recurrence (fp32): ``chunk_kda`` (prefill, T=300, 4 heads of
    128, decays down to the -5 bound) and ``fused_recurrent_kda`` (one in-place decode step).
@@ -168,7 +168,7 @@ def main(argv=None) -> int:
     try:
         import fla.ops.kda  # noqa: F401
     except Exception as exc:
-        log(f"fla-core is not importable ({exc}); carry it: ../shared/gpu/carry-wheels fla-core==0.6.0")
+        log(f"fla-core is not importable ({exc}); carry it as a wheel (lab/README.md)")
         return 2
     from lab.bench_decode import bench, format_table
     from optimized_model.k3.engine import EmbeddedEngine

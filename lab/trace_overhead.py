@@ -1,4 +1,4 @@
-"""Micro-benchmark: per-call cost of fastpath.trace.engaged() (DESIGN §3.4: near-free when idle).
+"""Micro-benchmark: per-call cost of fastpath.trace.engaged() (near-free when idle).
 
     python3 -m lab.trace_overhead [--number N] [--repeat R]
 

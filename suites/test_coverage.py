@@ -1,4 +1,4 @@
-"""Coverage suite: proof that the fast path fired (DESIGN §3.4, issue 5 item 1).
+"""Coverage suite: proof that the fast path fired.
 
 decode   (gate coverage_fast_path_fired): the fast model's ``decode_step`` runs STEPS times
          under ``fastpath.trace.recording()``, on GPU after one warm-up call (which may capture a

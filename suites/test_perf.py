@@ -1,5 +1,5 @@
 """Perf suite: the fast path strictly better than the compiled standard path in every in-scope
-case (DESIGN §3.5, §4; settings: the spec's ``[perf]`` table, fastpath/spec.py PERF_DEFAULTS).
+case (settings: the spec's ``[perf]`` table, fastpath/spec.py PERF_DEFAULTS).
 
 speedup cases (one per decode shape of the plan): each path's step is the engine's
 ``decode_step`` hook (a CUDA-graph replay on GPU: warm-up, compile, autotuning and capture

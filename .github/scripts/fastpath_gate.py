@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The PR gate's decision, run by .github/workflows/fastpath-gate.yml (DESIGN §3.8).
+"""The PR gate's decision, run by .github/workflows/fastpath-gate.yml.
 
 For every gated spec of the BASE branch (`[tool.fastpath] gated_specs` in base/pyproject.toml,
 default: its `default_spec`), compare the attested digests of the base tree and of the PR tree

@@ -1,4 +1,4 @@
-"""The reviewer's report: one self-contained, deterministic ``report.html`` per bundle (DESIGN §3.9).
+"""The reviewer's report: one self-contained, deterministic ``report.html`` per bundle.
 
 ``render(bundle_dir)`` draws the page from the bundle's own files only, so the same bundle and
 fastpath version always give the same bytes: `verify` writes it into the bundle (listed in the

@@ -1,4 +1,4 @@
-"""What the report reads from a bundle directory, read defensively (DESIGN §3.9).
+"""What the report reads from a bundle directory, read defensively.
 
 The bundle is hostile input: any file may be missing, malformed or huge. Every accessor returns
 a usable value and records what it could not read in ``problems``, which the page shows: a report

@@ -1,4 +1,4 @@
-"""K3-mini configurations (DESIGN §7).
+"""K3-mini configurations.
 
 Two sizes of the same architecture:
 

@@ -1,4 +1,4 @@
-"""EmbeddedEngine: K3-mini in process, on CPU or one GPU (DESIGN §3.3; entry point "embedded").
+"""EmbeddedEngine: K3-mini in process, on CPU or one GPU (entry point "embedded").
 
     engine = fastpath.engine.create_engine("embedded", config="tiny", device="cpu", dtype="float16")
     model = engine.load("standard" | "standard_eager" | "oracle")

@@ -1,6 +1,6 @@
 """K3-mini: Kimi K3's architecture at one-GPU size, and its STANDARD path (gpt-fast style).
 
-Structure (DESIGN §7): embedding -> n_layers pre-norm residual blocks -> RMSNorm -> untied LM
+Structure: embedding -> n_layers pre-norm residual blocks -> RMSNorm -> untied LM
 head over a vocabulary padded to a multiple of 64 (padding ids get -inf logits). Block i:
 ``x += attn_i(norm(x)); x += ffn_i(norm(x))`` with
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Mutation self-test of the harness: every planted defect must fail `fastpath verify`, and by
-the gate that names it; the unpatched fast path must pass (issue 5 item 5).
+the gate that names it; the unpatched fast path must pass.
 
 A defect is a data file (``patches/*.toml`` for the K3-mini fast path, ``double_patches/*.toml``
 for the suites' test double)::

@@ -1,4 +1,4 @@
-"""The mutation self-test (issue 5 item 5): planted defects must each fail `fastpath verify` by
+"""The mutation self-test: planted defects must each fail `fastpath verify` by
 the gate that names them, and the unpatched code must pass.
 
 Fast checks (every run): the patch sets are well-formed, of distinct kinds, name real gates and

@@ -1,4 +1,4 @@
-"""The fast path's switch and its one dispatch point (DESIGN §1, §3.4).
+"""The fast path's switch and its one dispatch point.
 
 How the model code (optimized_model/k3) uses this module::
 

@@ -1,4 +1,4 @@
-"""Kernel registry of the K3-mini fast path (DESIGN §3.4, §3.5).
+"""Kernel registry of the K3-mini fast path.
 
 ``components()``: each fast-path component with the GPU kernel-name regexes that prove the fast
 path ran (``fast_kernel_patterns``) and those of the standard path's kernels that must NOT

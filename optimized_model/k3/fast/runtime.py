@@ -1,5 +1,5 @@
 """The K3-mini fast decoder: one decode step of the whole model with the fast kernels, static
-buffers and (on CUDA) one CUDA graph per (batch, state) — DESIGN §7, issue 4.
+buffers and (on CUDA) one CUDA graph per (batch, state).
 
   packed.py      the weights, packed once per layer kind
   step_plan.py   every tuning-table choice for a batch, resolved once (StepPlan)
