@@ -1,0 +1,82 @@
+"""The run directory's state (DIR/state, laid out in fastpath/verify.py's docstring): what
+``--resume`` continues from; a torn or hand-edited file is a usage error naming it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fastpath.errors import UsageError
+from fastpath.plan import Plan
+from fastpath.results import read_rows, write_json_atomic
+
+
+class RunState:
+    """The files under DIR/state (see the module docstring)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.root = run_dir / "state"
+
+    @property
+    def exists(self) -> bool:
+        return (self.root / "run.json").is_file()
+
+    def _load(self, path: Path) -> Any:
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise _torn(path, str(exc).splitlines()[0]) from None
+
+    def run_info(self) -> dict:
+        path = self.root / "run.json"
+        info = self._load(path)
+        keys = ("spec_path", "spec_digest", "tier", "suites_dir", "repo_root")
+        bad = [k for k in keys if not isinstance(info, dict) or not isinstance(info.get(k), str)]
+        if bad:
+            raise _torn(path, f"missing or non-string {', '.join(bad)}")
+        if not isinstance(info.get("attested", {}), dict):
+            raise _torn(path, "attested is not an object")
+        return info
+
+    def rows_path(self, suite: str) -> Path:
+        return self.root / "rows" / f"{suite}.jsonl"
+
+    def log_path(self, suite: str) -> Path:
+        return self.root / "logs" / f"{suite}.log"
+
+    def marker(self, suite: str) -> dict | None:
+        path = self.root / "done" / f"{suite}.json"
+        if not path.is_file():
+            return None
+        marker = self._load(path)
+        if not isinstance(marker, dict) or not isinstance(marker.get("status"), str):
+            raise _torn(path, "not a completion marker")
+        return marker
+
+    def mark(self, suite: str, status: str, **info: Any) -> None:
+        write_json_atomic({"suite": suite, "status": status, **info}, self.root / "done" / f"{suite}.json")
+
+    def suite_state(self, plan: Plan) -> dict[str, str]:
+        return {s: (self.marker(s) or {}).get("status", "not_run") for s in plan.suites}
+
+    def all_rows(self, plan: Plan) -> list[dict]:
+        """Rows of the suites that finished; rows of an interrupted attempt do not count."""
+        rows: list[dict] = []
+        for suite in plan.suites:
+            if self.marker(suite) is not None:
+                path = self.rows_path(suite)
+                try:
+                    suite_rows = read_rows(path)
+                except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                    raise _torn(path, str(exc).splitlines()[0]) from None
+                if not all(isinstance(r, dict) and "case_id" in r and "status" in r for r in suite_rows):
+                    raise _torn(path, "a line is not a result row")
+                rows += suite_rows
+        return rows
+
+
+def _torn(path: Path, detail: str) -> UsageError:
+    return UsageError(f"run state {path} is unreadable or was edited ({detail})",
+                      "this run cannot be resumed: start a new one with a new --out")
