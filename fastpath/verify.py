@@ -421,8 +421,14 @@ def _finish(spec: Spec, plan: Plan, state: RunState, repo_root: Path, opts: Veri
 
 def _report_page(bundle_dir: Path, name: str) -> str:
     """report.html of the staged bundle; a renderer fault never costs the run its evidence."""
-    from fastpath.report import render, unavailable_page
+    try:
+        from fastpath.report import render, unavailable_page
+    except ImportError as exc:  # a missing chart/template package: say so on the page, keep the run
+        import html
 
+        return (f"<!doctype html><meta charset=utf-8><title>report not drawn</title><p>report not drawn: "
+                f"{html.escape(str(exc))}; install fastpath's dependencies, then run "
+                f"<code>fastpath report BUNDLE</code></p>\n")
     try:
         return render(bundle_dir, name=name)
     except Exception as exc:  # noqa: BLE001 - the evidence matters more than its page
