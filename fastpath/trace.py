@@ -21,7 +21,7 @@ engine, every event is then appended to ``<dir>/rank<R>-pid<P>.jsonl``, tagged w
 the harness reads them back into its recorders (``fastpath.trace_sink.SinkReader``).
 
 This module is imported by model code, so it has no dependencies beyond the standard library and
-costs one global lookup and one truthiness test per call when nothing is recording.
+costs three global truthiness tests per call (recorders, captures, sink) when nothing is recording.
 """
 
 from __future__ import annotations
