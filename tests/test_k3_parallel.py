@@ -6,7 +6,10 @@ weights, on every rank."""
 from __future__ import annotations
 
 import datetime
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -14,6 +17,7 @@ import torch.distributed as dist
 
 from optimized_model.k3.config import get_config
 from optimized_model.k3.model import K3Model
+from optimized_model.k3.parallel_check import generate_logits, random_inputs
 from optimized_model.k3.shard import check_tp, shard_weights
 from optimized_model.k3.weights import init_weights
 
@@ -29,20 +33,9 @@ SEED, CAPACITY, STEPS = 5, 16, 5
 LENGTHS = [9, 1]  # ragged; a 1-token prompt leaves DCP ranks with no visible position at first
 
 
-def _inputs():
-    g = torch.Generator().manual_seed(11)
-    prompts = torch.randint(0, 256, (len(LENGTHS), max(LENGTHS)), generator=g)
-    steps = torch.randint(0, 256, (STEPS, len(LENGTHS)), generator=g)
-    return prompts, torch.tensor(LENGTHS), steps
-
-
-def _generate(model) -> torch.Tensor:
-    """Prefill logits then STEPS decode logits: [1 + STEPS, B, vocab]."""
-    prompts, lengths, steps = _inputs()
-    state = model.new_state(len(LENGTHS), CAPACITY)
-    out = [model.prefill(prompts, lengths, state)]
-    out += [model.decode(t, state) for t in steps]
-    return torch.stack(out)
+def _generate(model):
+    """(prefill logits then STEPS decode logits [1 + STEPS, B, vocab], final state)."""
+    return generate_logits(model, *random_inputs(LENGTHS, STEPS), CAPACITY)
 
 
 def _worker(rank: int, world: int, rdzv: str, out_dir: str) -> None:
@@ -56,7 +49,9 @@ def _worker(rank: int, world: int, rdzv: str, out_dir: str) -> None:
         full = init_weights(cfg, seed=SEED)
         for dcp in CASES[world]:
             model = K3ParallelModel(cfg, full, Layout.from_world(dcp=dcp))
-            torch.save(_generate(model), os.path.join(out_dir, f"tp{world}-dcp{dcp}-rank{rank}.pt"))
+            logits, state = _generate(model)
+            torch.save({"logits": logits, "latent": state.latent},
+                       os.path.join(out_dir, f"tp{world}-dcp{dcp}-rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
@@ -82,16 +77,35 @@ def runs(tmp_path_factory):
 @pytest.mark.parametrize("world,dcp", [(w, d) for w, ds in CASES.items() for d in ds])
 def test_parallel_logits_equal_single_rank(runs, world, dcp):
     cfg = CONFIGS[world]
-    want = _generate(K3Model(cfg, init_weights(cfg, seed=SEED)))
+    want, want_state = _generate(K3Model(cfg, init_weights(cfg, seed=SEED)))
     out_dir = runs(world)
     got = [torch.load(os.path.join(out_dir, f"tp{world}-dcp{dcp}-rank{r}.pt")) for r in range(world)]
     n = cfg.n_real_tokens
     for r in range(world):  # every rank ends with the same (all-gathered) logits
-        assert torch.equal(got[r], got[0]), f"rank {r} logits differ from rank 0's"
-    torch.testing.assert_close(got[0][..., :n], want[..., :n], rtol=1e-4, atol=1e-4)
-    assert torch.isinf(got[0][..., n:]).all()
+        assert torch.equal(got[r]["logits"], got[0]["logits"]), f"rank {r} logits differ from rank 0's"
+    torch.testing.assert_close(got[0]["logits"][..., :n], want[..., :n], rtol=1e-4, atol=1e-4)
+    assert torch.isinf(got[0]["logits"][..., n:]).all()
     # the decode steps do depend on the context (the comparison covers the cache, not just x)
     assert not torch.allclose(want[1:, 0, :n], want[1:, 1, :n], atol=1e-2)
+    # the latent cache is split by position: group rank d holds positions d, d + dcp, ... only
+    for r in range(world):
+        lat, d = got[r]["latent"], r % dcp
+        assert lat.shape[2] == -(-CAPACITY // dcp)
+        for b, length in enumerate(want_state.lengths.tolist()):
+            mine = want_state.latent[:, b, d:length:dcp]
+            torch.testing.assert_close(lat[:, b, : mine.shape[1]], mine, rtol=1e-4, atol=1e-4)
+
+
+@needs_gloo
+def test_torchrun_launches_the_check_and_it_passes():
+    """The launcher a harness would use: torchrun (env:// rendezvous), gloo, TP 2 x DCP 2."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "optimized_model.k3.parallel_check", "--dcp", "2", "--seed", str(SEED)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert sorted(r["rank"] for r in rows) == [0, 1]
+    assert all(r["ok"] and r["tp"] == 2 and r["dcp"] == 2 and r["max_abs_err"] < 1e-4 for r in rows), rows
 
 
 def test_shards_reassemble_the_full_weights():
