@@ -78,9 +78,14 @@ class Layout:
 
 
 # -- collectives (each a thin wrapper: which dimension is split) --------------------------------
-# torch >= 2.10 names the single-tensor collectives *_single; older releases *_tensor
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+# recent torch names the single-tensor collectives *_single (the *_tensor names warn), older
+# releases only *_tensor; looked up per call so that importing this module never needs them
+def _all_gather(out, t, group):
+    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, t, group=group)
+
+
+def _reduce_scatter(out, t, group):
+    (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(out, t, group=group)
 
 
 def all_reduce(t: torch.Tensor) -> torch.Tensor:
