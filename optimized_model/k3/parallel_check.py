@@ -4,7 +4,7 @@
     torchrun --standalone --nproc-per-node 4 -m optimized_model.k3.parallel_check \\
         --set kda_heads=4 --set kda_head_dim=16 --set mla_heads=4
 
-TP size = the world size torchrun starts; the backend is NCCL when every rank has a GPU, gloo
+TP size = the world size torchrun starts; the backend is NCCL when the ranks have GPUs, gloo
 otherwise. Every rank prefills ragged random prompts and decodes ``--steps`` tokens on its
 shard of the seeded full weights; the single-rank model runs the same inputs on each rank, and
 each rank prints one JSON line (rank, tp, dcp, max_abs_err, ok). Exit status 1 when any rank's
@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lengths", default="9,1", help="prompt lengths, comma-separated")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--capacity", type=int, default=16)
-    ap.add_argument("--atol", type=float, default=1e-4)
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    ap.add_argument("--atol", type=float, default=1e-4, help="max |logit difference| (fp32: 1e-4)")
     a = ap.parse_args(argv)
     if "RANK" not in os.environ:
         raise SystemExit("not started by torchrun (RANK unset); run: torchrun --standalone "
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group("nccl" if on_gpu else "gloo", timeout=datetime.timedelta(seconds=120))
     try:
         cfg = get_config(a.config, **_overrides(a.set))
-        full = init_weights(cfg, device=device, dtype=torch.float32, seed=a.seed)
+        full = init_weights(cfg, device=device, dtype=getattr(torch, a.dtype), seed=a.seed)
         inputs = random_inputs([int(n) for n in a.lengths.split(",")], a.steps)
         inputs = tuple(t.to(device) for t in inputs)
         got, _ = generate_logits(K3ParallelModel(cfg, full, Layout.from_world(a.dcp)), *inputs, a.capacity)
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         n = cfg.n_real_tokens
         err = float((got[..., :n] - want[..., :n]).abs().max())
         ok = err <= a.atol and bool(torch.equal(got, first))
-        print(json.dumps({"rank": dist.get_rank(), "tp": dist.get_world_size(), "dcp": a.dcp,
+        print(json.dumps({"rank": dist.get_rank(), "tp": dist.get_world_size(), "dcp": a.dcp, "dtype": a.dtype,
                           "max_abs_err": err, "same_as_rank0": bool(torch.equal(got, first)), "ok": ok}),
               flush=True)
         flags = torch.tensor([0 if ok else 1], device=device)
