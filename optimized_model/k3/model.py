@@ -190,16 +190,21 @@ class K3Model:
 
     def mla_prefill(self, i, x, lengths, valid, state: DecodeState):
         cfg, s = self.cfg, self.cfg.slot(i)
-        B, T, _ = x.shape
-        if T > state.capacity:
-            raise ValueError(f"prompt of {T} tokens exceeds the state capacity {state.capacity}")
         q, c = self._mla_q_c(i, x)
-        state.latent[s, :, :T].copy_(c)
+        self._cache_prompt(s, c, state)
         kv = F.linear(c, self.W(i, "kv_b")).unflatten(-1, (cfg.mla_heads, cfg.qk_nope + cfg.v_head))
         k, v = kv.split([cfg.qk_nope, cfg.v_head], dim=-1)
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                            is_causal=True, scale=cfg.qk_nope ** -0.5)
         return self._mla_out(i, o.transpose(1, 2), x)
+
+    def _cache_prompt(self, s, c, state: DecodeState) -> None:
+        """Store the prompt latents ``c [B, T, C]`` at positions 0 .. T-1 (context-parallel
+        ranks keep only their positions: parallel.py overrides this)."""
+        T = c.shape[1]
+        if T > state.capacity:
+            raise ValueError(f"prompt of {T} tokens exceeds the state capacity {state.capacity}")
+        state.latent[s, :, :T].copy_(c)
 
     def _mla_write(self, s, c, state):
         B = c.shape[0]
