@@ -112,7 +112,25 @@ class K3Model:
         o = rmsnorm(o.float(), self.W(i, "o_norm"), cfg.norm_eps)
         gate = torch.sigmoid(F.linear(F.linear(x, self.W(i, "g_a")), self.W(i, "g_b")).float())
         o = (o.flatten(-2) * gate).to(x.dtype)
-        return F.linear(o, self.W(i, "o_proj"))
+        return self._reduce(F.linear(o, self.W(i, "o_proj")))
+
+    # -- tensor-parallel seams: identities on one rank (parallel.K3ParallelModel overrides them,
+    # so the math below is written once for both) -------------------------------------------------
+    def _gather(self, t):
+        """The ranks' slices of the last dimension -> the whole."""
+        return t
+
+    def _reduce(self, t):
+        """The ranks' partial sums -> their sum."""
+        return t
+
+    def _reduce_scatter(self, t):
+        """The ranks' partial sums -> this rank's slice (last dimension) of their sum."""
+        return t
+
+    def _mla_latents(self, i, x):
+        """MLA's q and kv latents of ``x`` before their norms."""
+        return F.linear(x, self.W(i, "q_a")), F.linear(x, self.W(i, "kv_a"))
 
     def _fla_ops(self):
         if self._fla is None:
@@ -175,13 +193,14 @@ class K3Model:
     # -- MLA ----------------------------------------------------------------------------------
     def _mla_q_c(self, i, x):
         cfg = self.cfg
-        q = F.linear(rmsnorm(F.linear(x, self.W(i, "q_a")), self.W(i, "q_a_norm"), cfg.norm_eps), self.W(i, "q_b"))
-        c = rmsnorm(F.linear(x, self.W(i, "kv_a")), self.W(i, "kv_a_norm"), cfg.norm_eps)
+        qa, ca = self._mla_latents(i, x)
+        q = F.linear(rmsnorm(qa, self.W(i, "q_a_norm"), cfg.norm_eps), self.W(i, "q_b"))
+        c = rmsnorm(ca, self.W(i, "kv_a_norm"), cfg.norm_eps)
         return q.unflatten(-1, (cfg.mla_heads, cfg.qk_nope)), c
 
     def _mla_out(self, i, o, x):
         gate = torch.sigmoid(F.linear(x, self.W(i, "gate_proj")))
-        return F.linear(o.flatten(-2) * gate, self.W(i, "o_proj"))
+        return self._reduce(F.linear(o.flatten(-2) * gate, self.W(i, "o_proj")))
 
     def _w_uk_uv(self, i):
         cfg = self.cfg
@@ -241,7 +260,7 @@ class K3Model:
     def route(self, i, x):
         """fp32 sigmoid router: (expert ids [N, k], weights [N, k] fp32)."""
         cfg = self.cfg
-        scores = torch.sigmoid(F.linear(x.float(), self.W(i, "router")))
+        scores = self._gather(torch.sigmoid(F.linear(x.float(), self.W(i, "router"))))
         ids = torch.topk(scores + self.W(i, "router_bias"), cfg.top_k, dim=-1).indices
         w = scores.gather(-1, ids)
         return ids, w / w.sum(-1, keepdim=True) * cfg.routed_scaling
@@ -274,20 +293,20 @@ class K3Model:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         ids, w = self.route(i, x)
-        lat = F.linear(x, self.W(i, "moe_down"))
-        y = F.linear(self.experts(i, lat, ids, w), self.W(i, "moe_up"))
+        lat = self._gather(F.linear(x, self.W(i, "moe_down")))
+        y = F.linear(self._reduce_scatter(self.experts(i, lat, ids, w)), self.W(i, "moe_up"))
         y = y + swiglu(x, self.W(i, "shared_w13"), self.W(i, "shared_w2"))
-        return y.view(shape)
+        return self._reduce(y).view(shape)  # routed and shared partials in one reduction
 
     def ffn(self, i, x):
         if self.cfg.ffn_kind(i) == "dense":
-            return swiglu(x, self.W(i, "w13"), self.W(i, "w2"))
+            return self._reduce(swiglu(x, self.W(i, "w13"), self.W(i, "w2")))
         return self.moe(i, x)
 
     # -- whole model ----------------------------------------------------------------------------
     def logits(self, x):
         x = rmsnorm(x, self.w["final_norm"], self.cfg.norm_eps)
-        out = F.linear(x, self.w["lm_head"]).float()
+        out = self._gather(F.linear(x, self.w["lm_head"]).float())
         out[..., self.cfg.n_real_tokens:] = float("-inf")
         return out
 

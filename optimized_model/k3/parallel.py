@@ -41,7 +41,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .config import K3Config
-from .model import K3Model, rmsnorm, swiglu
+from .model import K3Model
 from .shard import local_config, shard_weights
 from .state import DecodeState
 
@@ -156,52 +156,19 @@ class K3ParallelModel(K3Model):
         self.layout = layout
         super().__init__(local_config(cfg, layout.tp), shard_weights(cfg, full_weights, layout.rank, layout.tp), **kw)
 
+    # -- the seams of K3Model (identities on one rank), the collectives here -----------------------
     def _gather(self, t):
         return gather_last(t, self.layout.tp)
 
-    # -- KDA: heads local, row-parallel o_proj ----------------------------------------------------
-    def _kda_out(self, i, o, x):
-        return all_reduce(super()._kda_out(i, o, x))
+    def _reduce(self, t):
+        return all_reduce(t)
 
-    # -- MLA ------------------------------------------------------------------------------------
-    def _mla_q_c(self, i, x):
-        cfg = self.cfg
-        qa, ca = self._gather(F.linear(x, self.W(i, "qkv_a"))).split([cfg.q_lora, cfg.kv_lora], dim=-1)
-        q = F.linear(rmsnorm(qa, self.W(i, "q_a_norm"), cfg.norm_eps), self.W(i, "q_b"))
-        c = rmsnorm(ca, self.W(i, "kv_a_norm"), cfg.norm_eps)
-        return q.unflatten(-1, (cfg.mla_heads, cfg.qk_nope)), c
+    def _reduce_scatter(self, t):
+        return reduce_scatter_last(t, self.layout.tp)
 
-    def _mla_out(self, i, o, x):
-        return all_reduce(super()._mla_out(i, o, x))
-
-    # -- MoE and dense FFN -----------------------------------------------------------------------
-    def route(self, i, x):
-        cfg = self.cfg
-        scores = self._gather(torch.sigmoid(F.linear(x.float(), self.W(i, "router"))))
-        ids = torch.topk(scores + self.W(i, "router_bias"), cfg.top_k, dim=-1).indices
-        w = scores.gather(-1, ids)
-        return ids, w / w.sum(-1, keepdim=True) * cfg.routed_scaling
-
-    def moe(self, i, x):
-        shape = x.shape
-        x = x.reshape(-1, shape[-1])
-        ids, w = self.route(i, x)
-        lat = self._gather(F.linear(x, self.W(i, "moe_down")))
-        routed = reduce_scatter_last(self.experts(i, lat, ids, w), self.layout.tp)
-        y = F.linear(routed, self.W(i, "moe_up"))
-        y = y + swiglu(x, self.W(i, "shared_w13"), self.W(i, "shared_w2"))
-        return all_reduce(y).view(shape)
-
-    def ffn(self, i, x):
-        if self.cfg.ffn_kind(i) == "dense":
-            return all_reduce(swiglu(x, self.W(i, "w13"), self.W(i, "w2")))
-        return self.moe(i, x)
-
-    def logits(self, x):
-        x = rmsnorm(x, self.w["final_norm"], self.cfg.norm_eps)
-        out = self._gather(F.linear(x, self.w["lm_head"]).float())
-        out[..., self.cfg.n_real_tokens:] = float("-inf")
-        return out
+    def _mla_latents(self, i, x):
+        """q_a and kv_a are one fused row-split projection here (shard.py): one all-gather."""
+        return self._gather(F.linear(x, self.W(i, "qkv_a"))).split([self.cfg.q_lora, self.cfg.kv_lora], dim=-1)
 
     # -- state and DCP ------------------------------------------------------------------------------
     def new_state(self, batch: int, capacity: int) -> DecodeState:
