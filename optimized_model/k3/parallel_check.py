@@ -87,9 +87,12 @@ def main(argv: list[str] | None = None) -> int:
         n = cfg.n_real_tokens
         err = float((got[..., :n] - want[..., :n]).abs().max())
         ok = err <= a.atol and bool(torch.equal(got, first))
-        print(json.dumps({"rank": dist.get_rank(), "tp": dist.get_world_size(), "dcp": a.dcp, "dtype": a.dtype,
-                          "max_abs_err": err, "same_as_rank0": bool(torch.equal(got, first)), "ok": ok}),
-              flush=True)
+        line = json.dumps({"rank": dist.get_rank(), "tp": dist.get_world_size(), "dcp": a.dcp, "dtype": a.dtype,
+                           "max_abs_err": err, "same_as_rank0": bool(torch.equal(got, first)), "ok": ok})
+        # one write(2) per line: the ranks share the launcher's pipe, and print() may write the
+        # text and its newline separately, so two ranks' lines could land on one (seen in CI)
+        sys.stdout.flush()
+        os.write(sys.stdout.fileno(), (line + "\n").encode())
         flags = torch.tensor([0 if ok else 1], device=device)
         dist.all_reduce(flags)  # every rank exits with the group's verdict
         return int(flags.item() > 0)
