@@ -156,3 +156,16 @@ def test_json_answers_fit_the_features_suite_constraints():
         jsonschema.validate(json.loads(answer), suite.JSON_SCHEMA)
         prompt, answer = json_tasks.features_pair(i, "regex")
         assert prompt == f"Answer with a code like ab-1: item {i}." and re.fullmatch(suite.REGEX, answer)
+
+
+def test_export_writes_the_file_the_engine_loads(tmp_path, capsys, one_torch_thread):
+    from lab.train import export
+    from optimized_model.k3.weights_file import load_weights
+
+    _train(tmp_path / "state", 1)
+    assert export.main([str(tmp_path / "state"), str(tmp_path / "tiny.safetensors")]) == 0
+    digest = re.search(r"sha256 ([0-9a-f]{64})", capsys.readouterr().out).group(1)
+    w = load_weights(tmp_path / "tiny.safetensors", digest, get_config("tiny"), device="cpu", dtype=torch.bfloat16)
+    tensors, _ = checkpoint.load_state(tmp_path / "state")
+    assert torch.equal(w["lm_head"], tensors["w/lm_head"].to(torch.bfloat16))
+    assert w["L1.router_bias"].dtype == torch.float32 and torch.equal(w["L1.router_bias"], tensors["w/L1.router_bias"])

@@ -25,7 +25,7 @@ MRCR_MESSAGE_TOKENS = 480  # an upper bound of one ask + answer turn of the MRCR
 
 @dataclass(frozen=True)
 class Mix:
-    tokens_per_step: int = 262144
+    tokens_per_step: int = 65536  # ~8000 steps in 15 minutes at the estimated 0.6 M tokens/s
     # row lengths and their shares of the tokens
     lengths: tuple[tuple[int, float], ...] = ((2048, 0.25), (4096, 0.3), (8192, 0.3), (16384, 0.15))
     # row kinds and their probabilities

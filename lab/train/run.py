@@ -37,6 +37,37 @@ def _moe_backend_probe(device: str) -> str:
         return "loop"
 
 
+def _fit_tokens_per_step(mix, device: str, moe: str):
+    """A fresh run's tokens per step, halved until a step at the longest rows fits the GPU."""
+    import dataclasses
+
+    import torch
+
+    from lab.train.mix import make_batch
+    from lab.train.trainable import TrainableK3
+    from optimized_model.k3.config import get_config
+
+    if device != "cuda":
+        return mix
+    longest = max(T for T, _ in mix.lengths)
+    while mix.tokens_per_step > longest:
+        m = TrainableK3.create(get_config("trained"), device=device, moe_backend=moe)
+        b = make_batch(dataclasses.replace(mix, lengths=((longest, 1.0),)), 0)
+        try:
+            loss, _ = m.loss(b.tokens, b.lengths, b.weights)
+            loss.backward()
+            print(f"memory probe: {mix.tokens_per_step} tokens per step peak "
+                  f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
+            return mix
+        except torch.cuda.OutOfMemoryError:
+            mix = dataclasses.replace(mix, tokens_per_step=mix.tokens_per_step // 2)
+            print(f"memory probe: out of memory; {mix.tokens_per_step} tokens per step", flush=True)
+        finally:
+            del m
+            torch.cuda.empty_cache()
+    return mix
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=float, default=560.0, help="seconds for the whole command")
@@ -64,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.lr is not None:
         tc.lr = args.lr
     moe = _moe_backend_probe(device) if args.moe_backend == "auto" else args.moe_backend
+    if not args.resume:
+        tc.mix = _fit_tokens_per_step(tc.mix, device, moe)
     workers = args.workers if args.workers is not None else max(1, (os.cpu_count() or 4) - 2)
     deadline = START + args.budget
     print(f"train: device {device}, moe {moe}, workers {workers}, {deadline - time.monotonic():.0f} s left, "
