@@ -9,4 +9,4 @@
 set -u
 resume=${1:-}
 exec bash lab/gpu_steps.sh \
-  "train:585:python3 -m lab.train.run --budget 565 --total-train-s 900 --out \$OUT${resume:+ --resume $resume}"
+  "train:560:python3 -m lab.train.run --budget 540 --total-train-s 900 --out \$OUT${resume:+ --resume $resume}"
