@@ -55,6 +55,7 @@ class Plan:
     suites: list[str]
     cases: list[Case] = field(default_factory=list)  # runnable on this tier
     waivers: list[Waiver] = field(default_factory=list)  # planned but not runnable, with why
+    engine_options: dict[str, dict] = field(default_factory=dict)  # suites with their own options
 
     def for_suite(self, suite: str) -> tuple[list[Case], list[Waiver]]:
         return ([c for c in self.cases if c.suite == suite], [w for w in self.waivers if w.case.suite == suite])
@@ -63,7 +64,7 @@ class Plan:
         return [c.case_id for c in self.cases] + [w.case.case_id for w in self.waivers]
 
     def to_json(self) -> dict:
-        return {
+        out = {
             "schema": 1,
             "spec": self.spec_name,
             "spec_digest": self.spec_digest,
@@ -72,6 +73,9 @@ class Plan:
             "cases": [c.to_json() for c in self.cases],
             "waivers": [w.to_json() for w in self.waivers],
         }
+        if self.engine_options:  # only where a suite runs with options of its own
+            out["engine_options"] = {k: dict(v) for k, v in self.engine_options.items()}
+        return out
 
     @classmethod
     def from_json(cls, data: dict) -> "Plan":
@@ -79,7 +83,8 @@ class Plan:
             return Case(d["suite"], d["kind"], d["case_id"], dict(d["config"]))
 
         return cls(data["spec"], data["spec_digest"], data["tier"], list(data["suites"]),
-                   [case(c) for c in data["cases"]], [Waiver(case(w), w["reason"]) for w in data["waivers"]])
+                   [case(c) for c in data["cases"]], [Waiver(case(w), w["reason"]) for w in data["waivers"]],
+                   dict(data.get("engine_options", {})))
 
 
 @dataclass(frozen=True)
@@ -205,6 +210,7 @@ def build_plan(spec: Spec, tier: str | Tier) -> Plan:
     """Every case of every suite that owns a gate, runnable ones and waivers, in stable order."""
     tier_obj = tier if isinstance(tier, Tier) else spec.tier(tier)
     plan = Plan(spec.name, spec.digest, tier_obj.name, spec.suites())
+    plan.engine_options = {s: tier_obj.engine_options_for(s) for s in plan.suites if s in tier_obj.suite_engine_options}
     for suite in plan.suites:
         for case in EXPANDERS[suite](spec, tier_obj):
             reason = _waiver_reason(case, spec, tier_obj)

@@ -182,6 +182,20 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("case", [c.to_json() for c in cases], ids=[c.case_id for c in cases])
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Without --fastpath-suite, the suite whose engine options fp_engine uses is the one suite
+    module collected; several suites in one session share one engine, so none may have its own."""
+    state = config.stash.get(STATE, None)
+    if state is None or state.suite is not None:
+        return
+    suites = {state.suite_of(Path(str(i.path))) for i in items if i.get_closest_marker("fastpath")}
+    if len(suites) == 1:
+        state.suite = suites.pop()
+    elif suites & set(state.tier.suite_engine_options):
+        raise pytest.UsageError(f"suites {', '.join(sorted(suites))} collected in one session, and the tier gives "
+                                "some of them engine options of their own: run each with --fastpath-suite")
+
+
 def _item_record(item: pytest.Item) -> ItemRecord:
     state = _state(item.config)
     if item.nodeid not in state.items:
@@ -268,7 +282,7 @@ def fp_plan(request: pytest.FixtureRequest) -> Plan:
 @pytest.fixture(scope="session")
 def fp_engine(request: pytest.FixtureRequest) -> Any:
     state = _state(request.config)
-    engine = create_engine(state.spec.engine, state.tier.engine_options)
+    engine = create_engine(state.spec.engine, state.tier.engine_options_for(state.suite))
     yield engine
     close = getattr(engine, "close", None)
     if close is not None:

@@ -122,6 +122,9 @@ SCHEMA = Field("table", fields={
     "tiers": Field("map", required=True, keys=TIERS, values=Field("table", fields={
         "description": Field("str"),
         "engine_options": Field("map", values=Field("data")),
+        # per suite, options laid over engine_options (e.g. parity on a trained checkpoint while
+        # perf and kernels stay on the large random model)
+        "suite_engine_options": Field("map", keys=SUITES, values=Field("map", values=Field("data"))),
         "dtypes": Field("list", nonempty=True, unique=True, items=Field("str", allowed=DTYPES)),
         "max_context": Field("int", minimum=1),
         **SCOPE_OVERRIDES,
@@ -150,6 +153,11 @@ class Tier:
     scope: dict[str, Any]  # the spec's scope with this tier's overrides applied
     dtypes: list[str]
     max_context: int
+    suite_engine_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def engine_options_for(self, suite: str | None) -> dict[str, Any]:
+        """The engine options ``suite`` runs with: engine_options, then its suite_engine_options."""
+        return {**self.engine_options, **self.suite_engine_options.get(suite or "", {})}
 
 
 @dataclass(frozen=True)
@@ -382,10 +390,13 @@ def _semantic_checks(data: dict, v: _Validator) -> None:
     if not data["tiers"]:
         v.err(["tiers"], "no tier defined; expected at least one of 'smoke', 'full'")
     for tier_name, tier in data["tiers"].items():
-        dtype = tier.get("engine_options", {}).get("dtype")
-        if dtype is not None and dtype not in DTYPES:
-            v.err(["tiers", tier_name, "engine_options", "dtype"],
-                  f"{dtype!r} is not allowed; allowed values: {', '.join(map(repr, DTYPES))}")
+        options = [(["engine_options"], tier.get("engine_options", {}))]
+        options += [(["suite_engine_options", s], o) for s, o in tier.get("suite_engine_options", {}).items()]
+        for where, opts in options:
+            dtype = opts.get("dtype")
+            if dtype is not None and dtype not in DTYPES:
+                v.err(["tiers", tier_name, *where, "dtype"],
+                      f"{dtype!r} is not allowed; allowed values: {', '.join(map(repr, DTYPES))}")
     for key in ("confidence", "control_confidence"):
         value = data.get("perf", {}).get(key)
         if value is not None and not value < 1:
@@ -403,7 +414,8 @@ def _build(path: Path, data: dict, text: str, digest: str) -> Spec:
         options = dict(t.get("engine_options", {}))
         tier_scope = {**scope, **{k: t[k] for k in SCOPE_OVERRIDES if k in t}}
         dtypes = list(t.get("dtypes") or [options.get("dtype", "float32")])
-        tiers[name] = Tier(name, options, tier_scope, dtypes, t.get("max_context", features["max_context"]))
+        tiers[name] = Tier(name, options, tier_scope, dtypes, t.get("max_context", features["max_context"]),
+                           {k: dict(v) for k, v in t.get("suite_engine_options", {}).items()})
     gates_data = data["gates"]
     gates = Gates(gates_data["version"], {k: dict(v) for k, v in gates_data.items() if k != "version"})
     fp = data["fastpath"]

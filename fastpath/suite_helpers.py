@@ -6,6 +6,8 @@ Kept dependency-light: the suites talk to the subject only through the Engine pr
 
 from __future__ import annotations
 
+import importlib
+
 import json
 import math
 import random
@@ -80,6 +82,21 @@ def prompt_ids(tokenizer: Any, seed: int, n_tokens: int) -> list[int]:
     while len(ids) < n_tokens:  # tokenizers with long tokens: extend
         ids += tokenizer.encode(prompt_text(seed + len(ids), 4 * n_tokens), bos=False)
     return ids[:n_tokens]
+
+
+def sequence_prompt_ids(tokenizer: Any, seed: int, n_tokens: int, source: str | None = None) -> list[int]:
+    """``prompt_ids``, or, with ``source = "module:function"`` (a gate's ``sequences`` setting),
+    that function's ``(tokenizer, seed, n_tokens) -> ids`` (e.g. held-out eval documents, on
+    which a trained model is confident); it must return exactly ``n_tokens`` ids."""
+    if not source:
+        return prompt_ids(tokenizer, seed, n_tokens)
+    module, _, name = source.partition(":")
+    if not module or not name:
+        raise ValueError(f"sequences {source!r}: expected 'module:function'")
+    ids = list(getattr(importlib.import_module(module), name)(tokenizer, seed, n_tokens))
+    if len(ids) != n_tokens:
+        raise ValueError(f"sequences {source!r} returned {len(ids)} ids for {n_tokens}; it must return exactly n_tokens")
+    return ids
 
 
 def as_list(x: Any) -> list:

@@ -26,34 +26,12 @@ _TT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", tor
 
 def _meta_model(config: str):
     """A K3Model of ``config`` whose weights are meta tensors (shapes only, no memory)."""
-    import types
-
-    from optimized_model.k3 import weights as W
-    from optimized_model.k3.model import K3Model
     from optimized_model.k3.config import get_config
+    from optimized_model.k3.model import K3Model
+    from optimized_model.k3.weights import init_weights
 
-    real = W.torch
-    shim = types.SimpleNamespace(**{k: getattr(real, k) for k in dir(real) if not k.startswith("__")})
-
-    class _Gen:
-        def __init__(self, *a, **k):
-            pass
-
-        def manual_seed(self, *_):
-            return self
-
-    def _meta(*shape, **kw):
-        return real.empty(*shape, dtype=kw.get("dtype") or real.float32, device="meta")
-
-    shim.Generator, shim.randn, shim.rand = _Gen, _meta, _meta
-    shim.ones = lambda n, **kw: real.empty(n, device="meta")
-    W.torch = shim
-    try:
-        cfg = get_config(config)
-        w = W.init_weights(cfg, device="meta", dtype=torch.bfloat16)
-    finally:
-        W.torch = real
-    return K3Model(cfg, w)
+    cfg = get_config(config)
+    return K3Model(cfg, init_weights(cfg, device="meta", dtype=torch.bfloat16))
 
 
 def record_launches(config: str, batches: list[int], context: int = 1024) -> list[tuple]:

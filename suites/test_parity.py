@@ -96,7 +96,7 @@ def score_positions(model, seqs: list[list[int]], starts: list[int], groups: lis
 
 
 def bucket_compare(fp_models, context: int, tokens: int, batch_sizes: list[int], seed: int = 0,
-                   max_prefill_tokens: int | None = None) -> dict:
+                   max_prefill_tokens: int | None = None, sequences: str | None = None) -> dict:
     """Generate on standard, score on the three paths; returns the metrics of one bucket."""
     std, fast, orc = fp_models["standard"], fp_models["fast"], fp_models["oracle"]
     tok = std.tokenizer
@@ -106,7 +106,8 @@ def bucket_compare(fp_models, context: int, tokens: int, batch_sizes: list[int],
     # continuations may stop early (EOS): top up with more prompts, up to 4x the planned number
     while sum(len(s) - st for s, st in zip(seqs, starts)) < tokens and i < 4 * n_seq:
         k = n_seq if i == 0 else min(n_seq, 4 * n_seq - i)
-        prompts = [H.prompt_ids(tok, seed + 1000 * context + i + j, context - g) for j in range(k)]
+        prompts = [H.sequence_prompt_ids(tok, seed + 1000 * context + i + j, context - g, sequences)
+                   for j in range(k)]
         i += k
         gens = std.generate([GenerationRequest(prompt_ids=p, max_tokens=g, temperature=0.0, ignore_eos=True)
                              for p in prompts])
@@ -165,7 +166,8 @@ def test_parity(case, fp_models, fp_gate, fp_spec, fp_tier, record):
     context = int(cfg["context"])
     tokens = tokens_for_tier(fp_gate, fp_tier)
     m = bucket_compare(fp_models, context, tokens, H.scope_batch_sizes(fp_spec, fp_tier),
-                       max_prefill_tokens=fp_gate("parity_top1_agreement").get("max_prefill_tokens"))
+                       max_prefill_tokens=fp_gate("parity_top1_agreement").get("max_prefill_tokens"),
+                       sequences=fp_gate("parity_top1_agreement").get("sequences"))
     g1 = fp_gate("parity_top1_agreement")
     gk = fp_gate("parity_kl")
     min_agree = float(g1.get("min_agreement", 0.99))

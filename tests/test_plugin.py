@@ -138,3 +138,65 @@ def test_engine_models_and_gate_fixtures(tmp_path):
     assert code == 0, rows
     assert [(r["case_id"], r["kernel"], r["dtype"]) for r in rows] == [
         ("kernels/kernel/registry-float32", "double_scale", "float32")]
+
+
+def _spec_with_suite_options(tmp_path: Path) -> Path:
+    text = SPEC.read_text().replace('engine_options = { mode = "good", dtype = "float32" }',
+                                    'engine_options = { mode = "good", dtype = "float32" }\n'
+                                    'suite_engine_options = { coverage = { model = "trained" } }')
+    path = tmp_path / "spec.toml"
+    path.write_text(text)
+    return path
+
+
+def test_a_suite_gets_its_own_engine_options_and_the_plan_records_them(tmp_path, monkeypatch):
+    from fastpath.plan import Plan, build_plan
+    from fastpath.spec import load_spec
+
+    spec = load_spec(_spec_with_suite_options(tmp_path))
+    tier = spec.tier("smoke")
+    assert tier.engine_options_for("coverage") == {"mode": "good", "dtype": "float32", "model": "trained"}
+    assert tier.engine_options_for("kernels") == tier.engine_options_for(None) == {"mode": "good", "dtype": "float32"}
+    plan = build_plan(spec, "smoke")
+    assert plan.to_json()["engine_options"] == {"coverage": tier.engine_options_for("coverage")}
+    assert Plan.from_json(plan.to_json()).engine_options == plan.engine_options
+    assert "engine_options" not in build_plan(load_spec(SPEC), "smoke").to_json()  # unchanged without them
+    monkeypatch.setattr(sys.modules[__name__], "SPEC", spec.path)
+    body = """
+        @pytest.mark.fastpath(kind="{kind}", gate="{gate}")
+        def test_it(case, record, fp_engine):
+            record("{gate}", "model_option", 1.0 if str(fp_engine.options.get("model")) == "{want}" else 0.0,
+                   threshold=1.0, comparator=">=")
+    """
+    for suite, kind, gate, want in (("coverage", "decode", "coverage_fast_path_fired", "trained"),
+                                    ("kernels", "kernel", "kernels_noise_floor", "None")):
+        run_dir = tmp_path / suite
+        run_dir.mkdir()
+        text = body.replace("{kind}", kind).replace("{gate}", gate).replace("{want}", want)
+        code, rows = run_suite(run_dir, text, suite=suite)
+        assert rows and all(r["suite"] == suite and r["status"] == "pass" for r in rows), (suite, rows[:1])
+
+
+def test_a_bad_dtype_in_suite_engine_options_names_its_key(tmp_path):
+    from fastpath.errors import SpecError
+    from fastpath.spec import load_spec
+
+    path = _spec_with_suite_options(tmp_path)
+    path.write_text(path.read_text().replace('model = "trained"', 'dtype = "bf16"'))
+    with pytest.raises(SpecError, match=r"tiers\.smoke\.suite_engine_options\.coverage\.dtype: 'bf16' is not allowed"):
+        load_spec(path)
+    path.write_text(path.read_text().replace("coverage = {", "speed = {"))
+    with pytest.raises(SpecError, match="unknown key 'speed'"):
+        load_spec(path)
+
+
+def test_parity_sequences_come_from_the_provider_the_gate_names():
+    from fastpath import suite_helpers as H
+    from optimized_model.k3.tokenizer import K3Tokenizer
+
+    tok = K3Tokenizer()
+    ids = H.sequence_prompt_ids(tok, 3, 40, "stub.engine:document_ids")
+    assert len(ids) == 40 and tok.decode(ids).startswith("document 3: lorem")
+    assert H.sequence_prompt_ids(tok, 3, 40) == H.prompt_ids(tok, 3, 40)
+    with pytest.raises(ValueError, match="must return exactly n_tokens"):
+        H.sequence_prompt_ids(tok, 3, 10000, "stub.engine:document_ids")

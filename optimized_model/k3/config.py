@@ -1,12 +1,17 @@
 """K3-mini configurations.
 
-Two sizes of the same architecture:
+Three sizes of the same architecture:
 
 * ``tiny`` — CPU: hidden 64, 4 layers (KDA KDA KDA MLA), 8 experts top-2; a forward takes
   milliseconds, so the tests and the smoke tier run it.
 * ``mini`` — one H200: 8 wide layers (KDA KDA KDA MLA KDA KDA KDA MLA), hidden 4096, 64
   latent-MoE experts top-8. Few, wide layers on purpose: a decode step made of many small
   kernels is bound by kernel count, not bytes.
+* ``trained`` — mini's layer pattern at hidden 256 (4.6 M parameters), the size that is trained
+  on the repository's synthetic tasks (lab/train/): its fp32 weights and both AdamW moments
+  (12 bytes a parameter) must come back from a GPU run in at most 64 MiB, and its bf16
+  checkpoint is one file of 9 MB. Every dimension is a power of two, as the fast kernels' tiles
+  want (docs/k3-mini.md "The trained config").
 
 Parameter counts and the active bytes read per decoded token are computed by
 ``param_counts`` / ``active_bytes_per_token`` (never typed by hand); ``python -m
@@ -106,7 +111,13 @@ MINI = K3Config(
     n_experts=64, top_k=8, moe_latent=2048, expert_inter=1024, shared_inter=4096, dense_inter=11008,
 )
 
-CONFIGS = {"tiny": TINY, "mini": MINI}
+TRAINED = K3Config(
+    name="trained", hidden=256, n_layers=8, kda_heads=4, kda_head_dim=64,
+    mla_heads=4, q_lora=128, kv_lora=64, qk_nope=64, v_head=64,
+    n_experts=8, top_k=2, moe_latent=64, expert_inter=64, shared_inter=128, dense_inter=512,
+)
+
+CONFIGS = {"tiny": TINY, "mini": MINI, "trained": TRAINED}
 
 
 def get_config(name: str | K3Config, **overrides) -> K3Config:

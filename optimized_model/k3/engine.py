@@ -5,8 +5,11 @@
     model = engine.load("fast", additional_config={"decode_backend": "latency_specialized"})
     # = optimized_model.k3.fast.dispatch.switch_config(); the harness passes the spec's [switch]
 
-Options: ``config`` "tiny" | "mini"; ``device`` "cpu" | "cuda"; ``dtype`` (default bfloat16 on
-cuda, float32 on cpu); ``seed`` (weights); ``use_graphs`` (default: True on cuda); ``threads``
+Options: ``config`` "tiny" | "mini" | "trained"; ``device`` "cpu" | "cuda"; ``dtype`` (default
+bfloat16 on cuda, float32 on cpu); ``seed`` (random weights); ``weights`` (a safetensors file of
+trained weights, relative to the repository root, instead of the seeded random ones) with
+``weights_sha256`` (its pinned digest: weights_file.py refuses any other file, in one line);
+``use_graphs`` (default: True on cuda); ``threads``
 (torch CPU threads; default: leave torch's setting); ``standard_compile`` (the torch.compile mode
 of the standard path's benchmark step ``decode_step``: "default", "max-autotune-no-cudagraphs",
 ... or "off"; default "default" on cuda, "off" on cpu; runner.py).
@@ -111,10 +114,18 @@ class EmbeddedEngine:
 
     def __init__(self, config: str = "tiny", device: str = "cpu", dtype: Any = None, seed: int = 0,
                  use_graphs: bool | None = None, threads: int | None = None, standard_compile: str | None = None,
-                 **unknown: Any):
+                 weights: str | None = None, weights_sha256: str | None = None, **unknown: Any):
         if unknown:
             raise TypeError(f"embedded engine: unknown option(s) {sorted(unknown)}; known: config, device, "
-                            "dtype, seed, use_graphs, threads, standard_compile")
+                            "dtype, seed, use_graphs, threads, standard_compile, weights, weights_sha256")
+        if weights_sha256 is not None and not weights:
+            raise ValueError("embedded engine: weights_sha256 without weights; add engine option weights "
+                             "(the checkpoint's path) or drop the digest")
+        self.weights, self.weights_sha256 = weights, weights_sha256
+        if weights:  # a missing or other file fails here, in one line, before any suite runs
+            from .weights_file import verify_file
+
+            verify_file(weights, weights_sha256)
         if threads:  # torch CPU threads (1 is much faster than the default on a shared small box)
             torch.set_num_threads(int(threads))
         self.cfg = get_config(config)
@@ -160,6 +171,8 @@ class EmbeddedEngine:
             "dtype": str(self.dtype).replace("torch.", ""),
             "triton_interpreter": os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
             "seed": self.seed,
+            "weights": self.weights,
+            "weights_sha256": self.weights_sha256,
             "params_total": pc["total"],
             "params_active_per_token": pc["active_per_token"],
             "active_bytes_per_token": active_bytes_per_token(self.cfg, torch.finfo(self.dtype).bits // 8),
@@ -179,8 +192,16 @@ class EmbeddedEngine:
 
         key = "oracle" if oracle else "standard"
         if key not in self._models:
-            self._models[key] = K3Model.build(self.cfg, device=self.device, dtype=self.dtype, seed=self.seed,
-                                              oracle=oracle)
+            if self.weights:
+                from .weights_file import load_weights
+
+                # the oracle: the standard path's values (rounded to its dtype), in fp32
+                w = load_weights(self.weights, self.weights_sha256, self.cfg, device=self.device,
+                                 dtype=torch.float32 if oracle else self.dtype, round_dtype=self.dtype)
+                self._models[key] = K3Model(self.cfg, w, oracle=oracle)
+            else:
+                self._models[key] = K3Model.build(self.cfg, device=self.device, dtype=self.dtype, seed=self.seed,
+                                                  oracle=oracle)
         return self._models[key]
 
     def load(self, path: str, *, additional_config: Mapping[str, str] | None = None) -> K3LoadedModel:

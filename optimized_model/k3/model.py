@@ -310,6 +310,10 @@ class K3Model:
         out[..., self.cfg.n_real_tokens:] = float("-inf")
         return out
 
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token embeddings of the prefill (a seam: training looks them up in fp32, lab/train)."""
+        return self.w["embed"][tokens]
+
     @torch.inference_mode()
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, state: DecodeState, *,
                 all_logits: bool = False, stats: list | None = None) -> torch.Tensor:
@@ -317,12 +321,17 @@ class K3Model:
         ``state``. Returns fp32 logits at each prompt's last position [B, vocab] (or at every
         position [B, T, vocab] with ``all_logits``). ``stats``: appended the per-layer RMS of
         the residual stream (fp32 [B, T]) for conditioning measurements."""
+        return self.prefill_forward(tokens, lengths, state, all_logits=all_logits, stats=stats)
+
+    def prefill_forward(self, tokens: torch.Tensor, lengths: torch.Tensor, state: DecodeState, *,
+                        all_logits: bool = False, stats: list | None = None) -> torch.Tensor:
+        """``prefill`` outside inference mode, so autograd can differentiate it (training)."""
         cfg = self.cfg
         tokens = tokens.to(self.device)
         lengths = lengths.to(self.device)
         B, T = tokens.shape
         valid = torch.arange(T, device=self.device).view(1, T) < lengths.view(B, 1)
-        x = self.w["embed"][tokens]
+        x = self.embed(tokens)
         for i in range(cfg.n_layers):
             h = rmsnorm(x, self.W(i, "attn_norm"), cfg.norm_eps)
             if cfg.layer_kind(i) == "kda":

@@ -55,8 +55,10 @@ FP32_NAMES = ("A_log", "dt_bias", "router", "router_bias")
 
 def init_weights(cfg: K3Config, *, device="cpu", dtype=torch.float32, round_dtype=None, seed: int = 0) -> dict[str, torch.Tensor]:
     device = torch.device(device)
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
+    gen = None  # the meta device (shapes only: weights_file checks a checkpoint's layout) has no generator
+    if device.type != "meta":
+        gen = torch.Generator(device=device)
+        gen.manual_seed(seed)
     round_dtype = round_dtype or dtype
     res = 1.0 / math.sqrt(2 * cfg.n_layers)
     out: dict[str, torch.Tensor] = {}

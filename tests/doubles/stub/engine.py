@@ -98,3 +98,9 @@ class StubEngine:
 
     def fast_path_available(self) -> tuple[bool, str]:
         return True, ""
+
+
+def document_ids(tokenizer: Any, seed: int, n_tokens: int) -> list[int]:
+    """A parity ``sequences`` provider (suite_helpers.sequence_prompt_ids): document ``seed``, which
+    is 1000 words long (a longer prompt cannot be had from it)."""
+    return tokenizer.encode(f"document {seed}: " + "lorem " * 1000)[:n_tokens]

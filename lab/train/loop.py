@@ -1,0 +1,194 @@
+"""The time-boxed training loop: AdamW on the fp32 masters, the router biases moved after each
+step, a learning-rate schedule over *training seconds* (warm-up by steps, then cosine to
+``min_lr_frac``), so the plan holds whatever the H200's real throughput turns out to be. The run
+stops itself before ``deadline`` with its state saved (checkpoint.py), and saves every
+``save_every_s`` on the way, so a machine lost mid-run costs at most that much.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from lab.train import balance, checkpoint
+from lab.train.mix import KINDS, Mix, make_batch
+from lab.train.trainable import TrainableK3, no_decay
+from optimized_model.k3.config import get_config
+
+LOG_NAME = "train-log.jsonl"
+
+
+@dataclass
+class TrainConfig:
+    config: str = "trained"
+    lr: float = 2e-3
+    min_lr_frac: float = 0.1
+    warmup_steps: int = 100
+    total_train_s: float = 900.0  # the schedule's length, summed over every run
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    clip: float = 1.0
+    bias_rate: float = 1e-3
+    log_every: int = 10
+    save_every_s: float = 150.0
+    init_seed: int = 0
+    mix: Mix = field(default_factory=Mix)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "TrainConfig":
+        d = dict(d)
+        mix = d.pop("mix")
+        mix = Mix(**{k: tuple(tuple(x) for x in v) if isinstance(v, list) else v for k, v in mix.items()})
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}, mix=mix)
+
+
+def lr_at(tc: TrainConfig, step: int, trained_s: float) -> float:
+    warm = min(1.0, (step + 1) / max(1, tc.warmup_steps))
+    progress = min(1.0, trained_s / max(1e-9, tc.total_train_s))
+    cos = tc.min_lr_frac + (1 - tc.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * progress))
+    return tc.lr * warm * cos
+
+
+def make_optimizer(model: TrainableK3, tc: TrainConfig) -> torch.optim.AdamW:
+    params = model.trainable_parameters()
+    decay = [p for n, p in params.items() if not no_decay(n) and p.dim() >= 2]
+    rest = [p for n, p in params.items() if no_decay(n) or p.dim() < 2]
+    fused = model.device.type == "cuda"
+    return torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
+                              {"params": rest, "weight_decay": 0.0}],
+                             lr=tc.lr, betas=tc.betas, fused=fused or None)
+
+
+class _Batches:
+    """Batches of the coming steps, made ahead by a pool of processes (or inline: workers=0)."""
+
+    def __init__(self, mix: Mix, start: int, workers: int, ahead: int = 8):
+        from optimized_model.k3.tokenizer import K3Tokenizer
+
+        self.mix, self.next_step, self.tok = mix, start, K3Tokenizer()
+        self.pool = None
+        self.queue: deque = deque()
+        if workers > 0:
+            import multiprocessing as mp
+
+            self.pool = mp.get_context("spawn").Pool(workers)
+            for _ in range(ahead):
+                self._submit()
+
+    def _submit(self) -> None:
+        self.queue.append(self.pool.apply_async(make_batch, (self.mix, self.next_step + len(self.queue), None)))
+
+    def next(self):
+        step = self.next_step
+        if self.pool is None:
+            batch = make_batch(self.mix, step, self.tok)
+        else:
+            batch = self.queue.popleft().get()
+            self._submit()
+        self.next_step += 1
+        return batch
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+
+
+def train(tc: TrainConfig, *, device: str, out_dir: str | Path, deadline: float, resume: str | Path | None = None,
+          workers: int = 0, compute_dtype=torch.bfloat16, kda_backend: str | None = None,
+          moe_backend: str | None = None, say: Callable[[str], None] = print, max_steps: int | None = None) -> dict:
+    """Train until ``deadline`` (time.monotonic()) or step ``max_steps``; returns the last log record."""
+    out_dir = Path(out_dir)
+    cfg = get_config(tc.config)
+    model = TrainableK3.create(cfg, device=device, compute_dtype=compute_dtype, seed=tc.init_seed,
+                               kda_backend=kda_backend, moe_backend=moe_backend)
+    opt = make_optimizer(model, tc)
+    step, trained_s, history = 0, 0.0, []
+    if resume:
+        tensors, meta = checkpoint.load_state(resume)
+        if meta["train_config"] != json.loads(json.dumps(tc.to_json())):
+            say("note: resuming with the training config the state was saved with")
+            tc = TrainConfig.from_json(meta["train_config"])
+        step, trained_s, history = int(meta["step"]), float(meta["trained_s"]), list(meta.get("runs", []))
+        checkpoint.restore(model, opt, tensors, step)
+        prev_log = Path(resume) / LOG_NAME
+        if prev_log.is_file() and prev_log.resolve() != (out_dir / LOG_NAME).resolve():
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / LOG_NAME).write_text(prev_log.read_text())
+        say(f"resumed at step {step} after {trained_s:.0f} s of training")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log = open(out_dir / LOG_NAME, "a")
+    run = {"start_step": step, "device": device, "started": time.time()}
+    batches = _Batches(tc.mix, step, workers)
+    last_save = time.monotonic()
+    step_s: deque = deque(maxlen=20)
+    acc = {"loss": 0.0, "n": 0, "kinds": torch.zeros(len(KINDS), 2, dtype=torch.float64), "tokens": 0,
+               "time": 0.0}
+    record: dict = {}
+
+    def save(final: bool) -> None:
+        meta = {"step": step, "trained_s": trained_s, "train_config": tc.to_json(), "config": cfg.name,
+                "runs": history + [{**run, "end_step": step, "final": final}]}
+        checkpoint.save_state(out_dir, checkpoint.state_tensors(model, opt), meta)
+
+    try:
+        while True:
+            per_step = (sorted(step_s)[len(step_s) // 2] if step_s else 0.0)
+            if time.monotonic() + 2 * per_step + 10 > deadline or max_steps is not None and step >= max_steps:
+                break
+            t0 = time.monotonic()
+            batch = batches.next()
+            loss, ce = model.loss(batch.tokens, batch.lengths, batch.weights)
+            loss.backward()
+            gnorm = torch.nn.utils.clip_grad_norm_(list(model.trainable_parameters().values()), tc.clip)
+            lr = lr_at(tc, step, trained_s)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            imbalance = balance.update_router_biases(model, tc.bias_rate)
+            # per kind: (sum of cross-entropy, count) over the graded tokens (weight 1)
+            graded = (batch.weights[:, 1:] >= 1.0).to(ce.device)
+            kid = batch.kind_ids[:, 1:].to(ce.device).long()
+            for k in range(len(KINDS)):
+                m = graded & (kid == k)
+                acc["kinds"][k, 0] += float(ce[m].sum())
+                acc["kinds"][k, 1] += float(m.sum())
+            acc["loss"] += float(loss.detach())
+            acc["n"] += 1
+            acc["tokens"] += int(batch.lengths.sum())
+            dt = time.monotonic() - t0
+            acc["time"] += dt
+            step_s.append(dt)
+            step += 1
+            trained_s += dt
+            if step % tc.log_every == 0 or step == 1:
+                kinds = {f"loss_{KINDS[k]}": round(acc["kinds"][k, 0].item() / acc["kinds"][k, 1].item(), 4)
+                         for k in range(len(KINDS)) if acc["kinds"][k, 1] > 0}
+                record = {"step": step, "loss": round(acc["loss"] / acc["n"], 4), **kinds, "lr": lr,
+                          "grad_norm": round(float(gnorm), 3), "T": int(batch.tokens.shape[1]),
+                          "tokens_per_s": round(acc["tokens"] / max(1e-9, acc["time"]), 1),
+                          "trained_s": round(trained_s, 1), "max_imbalance": round(max(imbalance.values(), default=1.0), 3)}
+                log.write(json.dumps(record) + "\n")
+                log.flush()
+                say(json.dumps(record))
+                acc = {"loss": 0.0, "n": 0, "kinds": torch.zeros(len(KINDS), 2, dtype=torch.float64), "tokens": 0,
+               "time": 0.0}
+            if time.monotonic() - last_save > tc.save_every_s:
+                save(final=False)
+                last_save = time.monotonic()
+    finally:
+        batches.close()
+        log.close()
+    save(final=True)
+    say(f"saved state at step {step} ({trained_s:.0f} s trained) to {out_dir}")
+    return {**record, "step": step, "trained_s": trained_s}

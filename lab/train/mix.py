@@ -1,0 +1,135 @@
+"""Training batches from seeds: every batch is a pure function of (seed, step), so a resumed run
+sees exactly the batches the lost one would have, and nothing but seeds travels to the GPU.
+
+A step has one row length T (drawn from ``Mix.lengths`` by their token shares) and
+``tokens_per_step // T`` rows. A row is one MRCR conversation of 60-95 % of T, or as many AIME /
+JSON documents as fit (each starts with its own bos, as an eval prompt does); the rest is padding.
+Loss weights per target token: 1 on what the evals grade (the MRCR answer, the AIME solution,
+the JSON answer), ``context_weight`` on the prompts (a small language-model signal that keeps
+the next-token distributions over prompts confident, which parity measures), 0 on padding.
+Documents whose content hash is held out for the evals are skipped (eval_tasks).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import torch
+
+from lab.train import aime_chain, eval_tasks, json_tasks
+
+KINDS = ("mrcr", "aime", "json")
+MRCR_MESSAGE_TOKENS = 480  # an upper bound of one ask + answer turn of the MRCR generator
+
+
+@dataclass(frozen=True)
+class Mix:
+    tokens_per_step: int = 65536  # ~8000 steps in 15 minutes at the estimated 0.6 M tokens/s
+    # row lengths and their shares of the tokens
+    lengths: tuple[tuple[int, float], ...] = ((2048, 0.25), (4096, 0.3), (8192, 0.3), (16384, 0.15))
+    # row kinds and their probabilities
+    kinds: tuple[tuple[str, float], ...] = (("mrcr", 0.5), ("aime", 0.4), ("json", 0.1))
+    context_weight: float = 0.1
+    seed: int = 0
+
+
+@dataclass
+class Batch:
+    tokens: torch.Tensor  # [B, T] int64, right-padded with pad ids
+    lengths: torch.Tensor  # [B] int64
+    weights: torch.Tensor  # [B, T] fp32: weight of predicting tokens[:, t] from position t - 1
+    kind_ids: torch.Tensor  # [B, T] int8: index into KINDS of the document each token belongs to
+    hashes: list[str] = field(default_factory=list)  # content hashes of the documents used
+    kinds: dict[str, int] = field(default_factory=dict)  # tokens per row kind
+
+    @property
+    def target_tokens(self) -> float:
+        return float(self.weights.sum())
+
+
+def _choice(rng: random.Random, table) -> object:
+    names, weights = zip(*table)
+    return rng.choices(names, weights=weights)[0]
+
+
+class _Row:
+    def __init__(self, T: int, kind: str):
+        self.T, self.kind, self.ids, self.w = T, KINDS.index(kind), [], []
+
+    def fits(self, n: int) -> bool:
+        return len(self.ids) + n <= self.T
+
+    def add(self, prompt: list[int], target: list[int], context_weight: float) -> None:
+        # the first token of a document has no context inside it: weight 0
+        self.ids += prompt + target
+        self.w += [0.0] + [context_weight] * (len(prompt) - 1) + [1.0] * len(target)
+
+
+def _seed(mix: Mix, step: int, row: int, attempt: int) -> int:
+    return eval_tasks.TRAIN_SEED_BASE + ((mix.seed * 1_000_003 + step) * 4096 + row) * 64 + attempt
+
+
+def _document(kind: str, tok, seed: int, room: int):
+    """(prompt ids, target ids, content hash) of one document of ``kind``, or None if it is
+    held out or does not fit ``room`` tokens."""
+    if kind == "aime":
+        doc = aime_chain.document(seed)
+        p, t = eval_tasks.render_aime(tok, doc)
+        h = eval_tasks.content_hash(doc["problem"])
+    elif kind == "json":
+        rng = random.Random(seed)
+        if rng.random() < 0.5:
+            i = rng.randrange(10000)
+            p, t = eval_tasks.render_plain(tok, *json_tasks.features_pair(i, rng.choice(("json_schema", "regex"))))
+        else:
+            p, t = eval_tasks.render_chat(tok, *json_tasks.record_pair(seed))
+        h = eval_tasks.content_hash(tok.decode(p))
+    else:
+        rng = random.Random(seed)
+        target = int(room * rng.uniform(0.6, 0.95)) - 64
+        # as many needles as the room holds (each needle is one whole message)
+        needles = [n for n in (2, 4, 8) if n * MRCR_MESSAGE_TOKENS < target] or [2]
+        row = eval_tasks.mrcr_row(seed, max(target, 600), rng.choice(needles))
+        p, t = eval_tasks.render_mrcr(tok, row)
+        h = eval_tasks.content_hash(row["prompt"])
+    if h in eval_tasks.heldout_hashes() or len(p) + len(t) > room:
+        return None
+    return p, t, h
+
+
+def make_batch(mix: Mix, step: int, tok=None) -> Batch:
+    if tok is None:  # in a worker process
+        from optimized_model.k3.tokenizer import K3Tokenizer
+
+        tok = K3Tokenizer()
+    rng = random.Random(_seed(mix, step, 4095, 63))
+    T = _choice(rng, mix.lengths)
+    B = max(1, mix.tokens_per_step // T)
+    rows, hashes, kinds = [], [], {}
+    for r in range(B):
+        kind = _choice(rng, mix.kinds)
+        row = _Row(T, kind)
+        for attempt in range(64):
+            doc = _document(kind, tok, _seed(mix, step, r, attempt), T - len(row.ids))
+            if doc is None:
+                if kind == "mrcr" or not row.ids:
+                    continue  # a held-out or oversized document: draw the next seed
+                break  # the packed row is full
+            row.add(doc[0], doc[1], mix.context_weight)
+            hashes.append(doc[2])
+            kinds[kind] = kinds.get(kind, 0) + len(doc[0]) + len(doc[1])
+            if kind == "mrcr":
+                break
+        rows.append(row)
+    tokens = torch.full((B, T), tok.pad_id, dtype=torch.int64)
+    weights = torch.zeros(B, T, dtype=torch.float32)
+    lengths = torch.zeros(B, dtype=torch.int64)
+    kind_ids = torch.zeros(B, T, dtype=torch.int8)
+    for i, row in enumerate(rows):
+        n = len(row.ids)
+        tokens[i, :n] = torch.tensor(row.ids)
+        weights[i, :n] = torch.tensor(row.w)
+        kind_ids[i] = row.kind
+        lengths[i] = max(n, 1)
+    return Batch(tokens, lengths, weights, kind_ids, hashes, kinds)

@@ -1,0 +1,112 @@
+"""One training run, time-boxed: ``python3 -m lab.train.run --budget 560 --out $OUT [--resume DIR]``.
+
+The whole command (imports, the self-check, the data workers, training, the final save) ends
+inside ``--budget`` seconds; the state shards (checkpoint.py) and ``train-log.jsonl`` are in
+``--out`` at the end (and every ``--save-every`` seconds on the way). ``--resume DIR`` continues
+from the files a previous run returned. The first run sets the schedule (``--total-train-s``:
+the training seconds every run together will have) and the data mix; a resumed run keeps them.
+lab/train/h200.sh runs this on the H200.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+START = time.monotonic()
+
+
+def _moe_backend_probe(device: str) -> str:
+    """The grouped-matmul MoE where its backward runs here, else the per-expert loop."""
+    import torch
+
+    from lab.train.trainable import TrainableK3
+    from optimized_model.k3.config import get_config
+
+    if device != "cuda":
+        return "loop"
+    try:
+        m = TrainableK3.create(get_config("trained"), device=device, moe_backend="grouped")
+        tokens = torch.randint(0, 256, (2, 64), device=device)
+        loss, _ = m.loss(tokens, torch.full((2,), 64), torch.ones(2, 64))
+        loss.backward()
+        return "grouped"
+    except Exception as exc:  # e.g. no backward for torch._grouped_mm in this build
+        print(f"grouped MoE backward unavailable here ({type(exc).__name__}: {str(exc)[:200]}); using the loop")
+        return "loop"
+
+
+def _fit_tokens_per_step(mix, device: str, moe: str):
+    """A fresh run's tokens per step, halved until a step at the longest rows fits the GPU."""
+    import dataclasses
+
+    import torch
+
+    from lab.train.mix import make_batch
+    from lab.train.trainable import TrainableK3
+    from optimized_model.k3.config import get_config
+
+    if device != "cuda":
+        return mix
+    longest = max(T for T, _ in mix.lengths)
+    while mix.tokens_per_step > longest:
+        m = TrainableK3.create(get_config("trained"), device=device, moe_backend=moe)
+        b = make_batch(dataclasses.replace(mix, lengths=((longest, 1.0),)), 0)
+        try:
+            loss, _ = m.loss(b.tokens, b.lengths, b.weights)
+            loss.backward()
+            print(f"memory probe: {mix.tokens_per_step} tokens per step peak "
+                  f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
+            return mix
+        except torch.cuda.OutOfMemoryError:
+            mix = dataclasses.replace(mix, tokens_per_step=mix.tokens_per_step // 2)
+            print(f"memory probe: out of memory; {mix.tokens_per_step} tokens per step", flush=True)
+        finally:
+            del m
+            torch.cuda.empty_cache()
+    return mix
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--budget", type=float, default=560.0, help="seconds for the whole command")
+    ap.add_argument("--out", default=os.environ.get("OUT", "out/train"))
+    ap.add_argument("--resume", default=None, help="folder holding a previous run's state-*.safetensors")
+    ap.add_argument("--config", default="trained")
+    ap.add_argument("--device", default=None, help="cuda (default where there is one) or cpu")
+    ap.add_argument("--total-train-s", type=float, default=900.0)
+    ap.add_argument("--tokens-per-step", type=int, default=None)
+    ap.add_argument("--lr", type=float, default=None)
+    ap.add_argument("--workers", type=int, default=None, help="data processes (default: cores - 2)")
+    ap.add_argument("--save-every", type=float, default=150.0)
+    ap.add_argument("--moe-backend", choices=("grouped", "loop", "auto"), default="auto")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from lab.train.loop import TrainConfig, train
+    from lab.train.mix import Mix
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    mix = Mix() if args.tokens_per_step is None else Mix(tokens_per_step=args.tokens_per_step)
+    tc = TrainConfig(config=args.config, total_train_s=args.total_train_s, save_every_s=args.save_every, mix=mix)
+    if args.lr is not None:
+        tc.lr = args.lr
+    moe = _moe_backend_probe(device) if args.moe_backend == "auto" else args.moe_backend
+    if not args.resume:
+        tc.mix = _fit_tokens_per_step(tc.mix, device, moe)
+    workers = args.workers if args.workers is not None else max(1, (os.cpu_count() or 4) - 2)
+    deadline = START + args.budget
+    print(f"train: device {device}, moe {moe}, workers {workers}, {deadline - time.monotonic():.0f} s left, "
+          f"out {args.out}, resume {args.resume}", flush=True)
+    last = train(tc, device=device, out_dir=args.out, deadline=deadline, resume=args.resume, workers=workers,
+                 compute_dtype=torch.bfloat16 if device == "cuda" else torch.float32,
+                 moe_backend=moe, say=lambda s: print(s, flush=True))
+    print(f"train: done at step {last['step']}, {time.monotonic() - START:.0f} s after start", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
