@@ -42,7 +42,7 @@ def test_patch_set_is_complete_and_current(set_name):
     for m in mutants:
         assert m.expected_gate in gates, f"{m.name}: {m.expected_gate} is not a gate of the spec"
         for s in m.only:
-            assert s in ("coverage", "kernels", "parity", "features"), f"{m.name}: unknown suite {s}"
+            assert s in ("coverage", "kernels", "parity", "features", "evals"), f"{m.name}: unknown suite {s}"
         for e in m.edits:
             assert e["file"].startswith(cfg["allowed"]), f"{m.name}: edits {e['file']}"
             src = cfg["package"].parent / e["file"]
