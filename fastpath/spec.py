@@ -7,6 +7,7 @@ the line where the key is written. All errors of a file are reported at once.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import re
 import tomllib
@@ -457,11 +458,11 @@ def _build(path: Path, data: dict, text: str, digest: str) -> Spec:
 
 def merge_evals(given: dict) -> dict:
     """[evals] over EVALS_DEFAULTS, table by table (a tier table's keys over the default tier's)."""
-    out = {k: v for k, v in EVALS_DEFAULTS.items() if not isinstance(v, dict)}
+    out = copy.deepcopy({k: v for k, v in EVALS_DEFAULTS.items() if not isinstance(v, dict)})
     out.update({k: v for k, v in given.items() if not isinstance(v, dict)})
     for task in ("mrcr", "aime25"):
-        base, mine = EVALS_DEFAULTS[task], given.get(task, {})
-        out[task] = {**{k: v for k, v in base.items() if k not in TIERS}, **{k: v for k, v in mine.items() if k not in TIERS}}
+        base, mine = copy.deepcopy(EVALS_DEFAULTS[task]), given.get(task, {})
+        out[task] = {k: v for k, v in {**base, **mine}.items() if k not in TIERS}
         for tier in TIERS:
             out[task][tier] = {**base[tier], **mine.get(tier, {})}
     return out

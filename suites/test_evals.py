@@ -90,7 +90,10 @@ def evals_run(fp_models, fp_spec, fp_tier, request) -> dict:
             for name, t in r.tasks.items():
                 logs[f"{label}/{name}"] = samples.write(Path(out) / "evals" / "samples" / label / f"{name}.jsonl",
                                                         t.samples)
-    return {"runs": runs, "engaged": len(rec.engaged()), "components": sorted({e.component for e in rec.engaged()}),
+    # generate never mixes prefill and decode: any refusal but "prefill" put standard steps under "fast"
+    refused = sorted({f"{e.component}:{e.detail}" for e in rec.refused() if e.detail != "prefill"})
+    return {"runs": runs, "engaged": len(rec.engaged()), "refused": refused,
+            "components": sorted({e.component for e in rec.engaged()}),
             "rebatched_skipped": bool(skipped), "seconds": {k: round(r.seconds, 2) for k, r in runs.items()},
             "sample_logs": logs, "data": {t: samples.sha256_text(Path(f).read_text(encoding="utf-8"))
                                           for t, f in files.items()}}
@@ -141,10 +144,11 @@ def _record_deviation(record, ev, gate: dict, pairs: dict, n: int) -> None:
     value, floor = pairs["fast~oracle"]["logprob_deviation"], pairs["standard~oracle"]["logprob_deviation"]
     factor, slack = float(gate.get("factor", 4.0)), float(gate.get("slack", 0.002))
     thr = factor * (0.0 if math.isnan(floor) else floor) + slack
-    fired = ev["engaged"] > 0
+    fired = ev["engaged"] > 0 and not ev["refused"]
     ok = fired and not math.isnan(value) and value <= thr
     msg = ("the fast path never engaged while generating on the fast model: the agreement would compare "
-           "standard with itself" if not fired else
+           "standard with itself" if not ev["engaged"] else
+           f"the fast path refused decode steps of the fast run ({', '.join(ev['refused'][:5])})" if not fired else
            "no generated token shared its context with the oracle's (nothing to compare)" if math.isnan(value) else
            "" if ok else f"mean |logprob(fast) - logprob(oracle)| {value:.4g} > {factor} x the standard path's "
            f"{floor:.4g} + {slack}")
@@ -152,7 +156,7 @@ def _record_deviation(record, ev, gate: dict, pairs: dict, n: int) -> None:
            comparator="<=", passed=ok, message=msg, path="fast",
            detail={"agreement": value, "agreement_floor": floor, "n": pairs["fast~oracle"]["positions"], "samples": n,
                    "factor": factor, "slack": slack, "rule": "fast~oracle <= factor * standard~oracle + slack"},
-           evidence=H.jsonable({"pairs": pairs, "fast_components": ev["components"]}))
+           evidence=H.jsonable({"pairs": pairs, "fast_components": ev["components"], "refused": ev["refused"]}))
 
 
 def _record_lengths(record, ev, gate: dict, keys: list[tuple]) -> None:

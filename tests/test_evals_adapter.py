@@ -36,7 +36,7 @@ def test_registered_by_name_and_buildable_from_model_args():
     lm = FastpathLM.create_from_arg_string("engine=embedded,path=standard,config=tiny,device=cpu,dtype=float32")
     assert lm.model.path == "standard"
     with pytest.raises(ValueError, match="KEY:VALUE"):
-        FastpathLM(lm.model, switch="decode_backend").__class__(engine="embedded", path="fast", switch="oops")
+        FastpathLM(engine="embedded", path="fast", switch="decode_backend", config="tiny", device="cpu")
 
 
 def test_chat_turns_come_from_the_documents_message_list(engine):
