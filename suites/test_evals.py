@@ -49,7 +49,7 @@ def _run_settings(spec, tier: str) -> dict:
 
 
 @pytest.fixture(scope="session")
-def evals_run(fp_models, fp_spec, fp_tier, request) -> dict:
+def evals_run(fp_engine, fp_models, fp_spec, fp_tier, request) -> dict:
     """The four lm-eval runs (once per session) and the sample logs in the bundle's artifacts."""
     try:
         require_lm_eval()
@@ -90,8 +90,10 @@ def evals_run(fp_models, fp_spec, fp_tier, request) -> dict:
             for name, t in r.tasks.items():
                 logs[f"{label}/{name}"] = samples.write(Path(out) / "evals" / "samples" / label / f"{name}.jsonl",
                                                         t.samples)
-    # generate never mixes prefill and decode: any refusal but "prefill" put standard steps under "fast"
-    refused = sorted({f"{e.component}:{e.detail}" for e in rec.refused() if e.detail != "prefill"})
+    # generate never mixes prefill and decode: a refusal other than "prefill" or one this machine
+    # explains (no_cuda on CPU) put standard steps under "fast"
+    refused = sorted({f"{e.component}:{e.detail}" for e in rec.refused()
+                      if e.detail != "prefill" and not H.environment_refusal(e.detail, fp_engine)})
     return {"runs": runs, "engaged": len(rec.engaged()), "refused": refused,
             "components": sorted({e.component for e in rec.engaged()}),
             "rebatched_skipped": bool(skipped), "seconds": {k: round(r.seconds, 2) for k, r in runs.items()},
