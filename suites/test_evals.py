@@ -29,7 +29,6 @@ defect (tests/mutation: mla_past_512_dropped, caught here and by no other smoke 
 from __future__ import annotations
 
 import math
-import tempfile
 import time
 from pathlib import Path
 
@@ -49,7 +48,7 @@ def _run_settings(spec, tier: str) -> dict:
 
 
 @pytest.fixture(scope="session")
-def evals_run(fp_engine, fp_models, fp_spec, fp_tier, request) -> dict:
+def evals_run(fp_engine, fp_models, fp_spec, fp_tier, request, tmp_path_factory) -> dict:
     """The four lm-eval runs (once per session) and the sample logs in the bundle's artifacts."""
     try:
         require_lm_eval()
@@ -61,7 +60,7 @@ def evals_run(fp_engine, fp_models, fp_spec, fp_tier, request) -> dict:
     t0 = time.monotonic()
     std = fp_models["standard"]
     count = lambda msgs: len(std.tokenizer.apply_chat_template(msgs))  # noqa: E731
-    work = Path(tempfile.mkdtemp(prefix="fastpath-evals-"))
+    work = tmp_path_factory.mktemp("evals")  # documents and laid-out tasks (pytest keeps the last few)
     spec_dir = Path(fp_spec.path).parent
     files = {"mrcr": data.write_jsonl(work / "mrcr.jsonl", documents.mrcr_docs(ev, tier, ev["seed"], count, spec_dir)),
              "aime25": data.write_jsonl(work / "aime25.jsonl", documents.aime_docs(ev, tier, ev["seed"], spec_dir))}
