@@ -5,8 +5,10 @@ Cases come from the Cartesian product of the tier's slice of the scope; the prun
 (``PRUNING_RULES``, data) and the tier rules (``TIER_RULES``) never drop a case: they turn it
 into a *waiver* carrying the reason, so what was not run is always on record.
 
-Suites without a case expander (evals) get one ``<suite>/all/<tier>`` case: the suite itself
-iterates its own matrix until the plan learns it.
+Evals: one ``task`` case per eval task (``evals/<task>/all``: the task's documents pooled) and,
+for MRCR, one ``bucket`` case per prompt-length bucket of the tier (``evals/mrcr/c<B>``); the
+settings come from the spec's ``[evals]`` (fastpath/spec.py EVALS_DEFAULTS). All cases share one
+lm-eval run per path (suites/test_evals.py): the plan only says which rows it must produce.
 
 Perf: one ``speedup`` case per decode shape of the tier's scope (batch x context x draft x tp),
 one ``control`` case (standard vs standard, at the smallest shape) and one ``summary`` case (the
@@ -106,6 +108,11 @@ PRUNING_RULES: tuple[Rule, ...] = (
                               ("perf", "speedup")),
          lambda cfg, spec, tier: cfg["context"] + cfg.get("draft", 0) > tier.max_context,
          "context + draft exceeds the tier's max_context"),
+    # an eval bucket is bounded by the fast path's scope, not by the tier's decode slice (MRCR
+    # needs hundreds of tokens even on the smoke tier, whose decode cases stop at 64)
+    Rule("eval_bucket_over_max", (("evals", "bucket"),),
+         lambda cfg, spec, tier: cfg["context"] > spec.features["max_context"],
+         "the bucket exceeds features.max_context (the fast path's scope)"),
 )
 
 # What a tier cannot do.
@@ -192,8 +199,16 @@ def _perf(spec: Spec, tier: Tier) -> list[Case]:
     return cases
 
 
-def _whole_suite(suite: str) -> Callable[[Spec, Tier], list[Case]]:
-    return lambda spec, tier: [Case(suite, "all", f"{suite}/all/{tier.name}", {})]
+def _evals(spec: Spec, tier: Tier) -> list[Case]:
+    cases = []
+    for task in ("mrcr", "aime25"):
+        settings = {k: v for k, v in spec.evals[task][tier.name].items() if k != "buckets"}
+        buckets = spec.evals[task][tier.name].get("buckets") if task == "mrcr" else None
+        for b in buckets or []:
+            cases.append(Case("evals", "bucket", f"evals/{task}/c{b}", {"task": task, "context": b, **settings}))
+        cases.append(Case("evals", "task", f"evals/{task}/all",
+                          {"task": task, **settings, **({"buckets": list(buckets)} if buckets else {})}))
+    return cases
 
 
 EXPANDERS: dict[str, Callable[[Spec, Tier], list[Case]]] = {
@@ -201,7 +216,7 @@ EXPANDERS: dict[str, Callable[[Spec, Tier], list[Case]]] = {
     "kernels": _kernels,
     "parity": _parity,
     "features": _features,
-    "evals": _whole_suite("evals"),
+    "evals": _evals,
     "perf": _perf,
 }
 

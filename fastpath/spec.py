@@ -7,6 +7,7 @@ the line where the key is written. All errors of a file are reported at once.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import re
 import tomllib
@@ -49,6 +50,16 @@ class Field:
 def _ints(minimum: int, required: bool = False) -> Field:
     return Field("list", required=required, nonempty=True, unique=True, items=Field("int", minimum=minimum))
 
+
+# One tier of an eval task: documents (per bucket for MRCR), generated tokens, repeats, MRCR's
+# power-of-two prompt buckets (tokens), AIME-format operations per generated problem.
+_EVAL_TIER = Field("table", fields={
+    "docs": Field("int", minimum=1),
+    "max_gen_toks": Field("int", minimum=1),
+    "repeats": Field("int", minimum=1),
+    "buckets": Field("list", nonempty=True, unique=True, items=Field("int", minimum=2)),
+    "steps": Field("int", minimum=1),
+})
 
 # Keys a tier may override in the scope (the slice of the scope it runs).
 SCOPE_OVERRIDES = {
@@ -119,6 +130,20 @@ SCHEMA = Field("table", fields={
         # rows, not measured (0: no limit): a run that must fit one command still ends with its table
         "budget_s": Field("number", minimum=0),
     }),
+    # Optional: what the evals suite evaluates (fastpath/evals; per task and tier, EVALS_DEFAULTS).
+    "evals": Field("table", fields={
+        "seed": Field("int", minimum=0),  # the generated documents and the per-request seeds
+        "max_batch": Field("int", minimum=1),  # requests per engine call
+        "max_prefill_tokens": Field("int", minimum=1),  # prompt tokens one call prefills at most
+        "budget_s": Field("number", minimum=0),  # after this, the re-batched floor is skipped (0: no limit)
+        "mrcr": Field("table", fields={
+            "needles": Field("list", nonempty=True, unique=True, items=Field("int", allowed=(2, 4, 8))),
+            "data": Field("str"),  # openai/mrcr parquet (or JSONL) files instead of generated documents
+            **{t: _EVAL_TIER for t in TIERS}}),
+        "aime25": Field("table", fields={
+            "data": Field("str"),  # JSONL or parquet rows with problem, answer instead of generated ones
+            **{t: _EVAL_TIER for t in TIERS}}),
+    }),
     "tiers": Field("map", required=True, keys=TIERS, values=Field("table", fields={
         "description": Field("str"),
         "engine_options": Field("map", values=Field("data")),
@@ -142,6 +167,15 @@ PERF_DEFAULTS = {"rounds": 10, "replays": 30, "warmup": 5, "min_speedup": 1.0, "
                  "confidence": 0.95, "control_confidence": 0.999, "control_tolerance": 0.01,
                  "n_resamples": 4000, "eager_rounds": 3, "smoke_rounds": 2, "smoke_replays": 1,
                  "budget_s": 0}
+EVALS_DEFAULTS = {
+    "seed": 0, "max_batch": 16, "max_prefill_tokens": 32768, "budget_s": 0,
+    "mrcr": {"needles": [2, 4, 8],
+             "smoke": {"buckets": [512, 2048], "docs": 3, "max_gen_toks": 3, "repeats": 1},
+             "full": {"buckets": [1024, 2048, 4096, 8192, 16384, 32768], "docs": 4, "max_gen_toks": 320,
+                      "repeats": 1}},
+    "aime25": {"smoke": {"docs": 2, "max_gen_toks": 3, "repeats": 1, "steps": 3},
+               "full": {"docs": 8, "max_gen_toks": 1280, "repeats": 1, "steps": 40}},
+}
 FEATURE_DEFAULTS = {"temperature_sampling": False, "top_k": False, "top_p": False,
                     "structured_output": [], "speculative_decoding": False}
 
@@ -193,6 +227,7 @@ class Spec:
     raw_text: str = field(repr=False)
     digest: str = ""  # sha256 hex of the file's bytes
     perf: dict[str, Any] = field(default_factory=lambda: dict(PERF_DEFAULTS))  # [perf] over PERF_DEFAULTS
+    evals: dict[str, Any] = field(default_factory=lambda: merge_evals({}))  # [evals] over EVALS_DEFAULTS
 
     @property
     def declared_sources(self) -> frozenset[str]:
@@ -401,6 +436,10 @@ def _semantic_checks(data: dict, v: _Validator) -> None:
         value = data.get("perf", {}).get(key)
         if value is not None and not value < 1:
             v.err(["perf", key], f"{value!r} is too large; expected a number < 1")
+    for tier in TIERS:
+        for i, b in enumerate(data.get("evals", {}).get("mrcr", {}).get(tier, {}).get("buckets", [])):
+            if b & (b - 1):
+                v.err(["evals", "mrcr", tier, "buckets", i], f"{b} is not a power of two (MRCR buckets are 2^k tokens)")
     gates = [k for k in data["gates"] if k != "version"]
     if not gates:
         v.err(["gates"], "no gate defined; expected at least one [gates.NAME] table with a 'suite'")
@@ -425,4 +464,17 @@ def _build(path: Path, data: dict, text: str, digest: str) -> Spec:
         validation_globs=data["sources"].get("validation"), subject_globs=data["sources"].get("subject"), scope=scope,
         features=features, kernel_names=(data.get("kernels") or {}).get("names"), tiers=tiers,
         gates=gates, raw_text=text, digest=digest, perf={**PERF_DEFAULTS, **data.get("perf", {})},
+        evals=merge_evals(data.get("evals", {})),
     )
+
+
+def merge_evals(given: dict) -> dict:
+    """[evals] over EVALS_DEFAULTS, table by table (a tier table's keys over the default tier's)."""
+    out = copy.deepcopy({k: v for k, v in EVALS_DEFAULTS.items() if not isinstance(v, dict)})
+    out.update({k: v for k, v in given.items() if not isinstance(v, dict)})
+    for task in ("mrcr", "aime25"):
+        base, mine = copy.deepcopy(EVALS_DEFAULTS[task]), given.get(task, {})
+        out[task] = {k: v for k, v in {**base, **mine}.items() if k not in TIERS}
+        for tier in TIERS:
+            out[task][tier] = {**base[tier], **mine.get(tier, {})}
+    return out

@@ -34,7 +34,7 @@ def test_real_spec_is_valid():
     spec = load_spec(REAL_SPEC)
     assert spec.name == "k3-mini-latency-specialized"
     assert spec.engine == "embedded"
-    assert spec.suites() == ["coverage", "kernels", "parity", "features", "perf"]
+    assert spec.suites() == ["coverage", "kernels", "parity", "features", "evals", "perf"]
     smoke = spec.tier("smoke")
     assert smoke.scope["batch_sizes"] == [1, 2, 4]
     assert smoke.scope["hardware"] == ["sm_90"]  # not overridden: inherited from [scope]

@@ -183,7 +183,9 @@ def evals(view: BundleView) -> list[dict]:
             continue
         d = loads_object(r.get("detail"))
         lo, hi = perf._ci(d)
-        out.append({**display_row(r), "task": cap(d.get("task") or r.get("case_id"), 200),
+        bucket = integer(r.get("context"))  # a per-bucket row: its prompt-length bucket beside the task
+        task = cap(d.get("task") or r.get("case_id"), 200) + (f" c{bucket}" if bucket else "")
+        out.append({**display_row(r), "task": task,
                     "ci": f"[{fmt(lo)}, {fmt(hi)}]" if lo is not None and hi is not None else "",
                     "agreement": fmt(d.get("agreement")), "noise_floor": fmt(d.get("agreement_floor", d.get("noise_floor"))),
                     "p_value": fmt(d.get("p_value")), "n": fmt(d.get("n", d.get("samples")))})
