@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import signal
 import sys
 import threading
@@ -52,6 +53,7 @@ class VerifyOptions:
     resume: Path | None = None
     key: Path | None = None
     suites_dir: Path | None = None
+    jobs: int | None = None  # suites run at once (None: default_jobs)
     argv: list[str] = field(default_factory=lambda: list(sys.argv))
 
 
@@ -187,7 +189,7 @@ def _verify(opts: VerifyOptions, console: Any = None) -> VerifyResult:
 
     interrupted = False
     try:
-        _run_suites(todo, spec, plan, state, suites_dir, console)
+        _run_suites(todo, spec, plan, state, suites_dir, console, opts.jobs or default_jobs(plan.tier))
     except (Interrupted, KeyboardInterrupt):
         interrupted = True
 
@@ -299,20 +301,48 @@ def _selected_suites(plan: Plan, only: list[str] | None) -> list[str]:
     return [s for s in plan.suites if s in only]
 
 
-def _run_suites(todo: list[str], spec: Spec, plan: Plan, state: RunState, suites_dir: Path, console: Any) -> None:
+def default_jobs(tier: str) -> int:
+    """Suites at once: the CPU (smoke) tier is Triton's interpreter, one core per suite, so two
+    where there are two cores; the full tier shares one GPU: one at a time."""
+    return 1 if tier == "full" else max(1, min(2, os.cpu_count() or 1))
+
+
+def _run_suites(todo: list[str], spec: Spec, plan: Plan, state: RunState, suites_dir: Path, console: Any,
+                jobs: int = 1) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from fastpath import suite_workers
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as progress:
         overall = progress.add_task("suites", total=len(todo))
-        for suite in todo:
+        tasks: dict[str, Any] = {}
+
+        def start(suite: str) -> tuple[Any, Any]:
             cases, waivers = plan.for_suite(suite)
-            task = progress.add_task(f"  {suite}", total=len(cases) + len(waivers))
+            tasks[suite] = progress.add_task(f"  {suite}", total=len(cases) + len(waivers))
             console.print(f"[bold]{suite}[/]: {len(cases)} cases, {len(waivers)} waived by the plan")
-            _run_one_suite(suite, spec, plan, state, suites_dir, progress.console,
-                           lambda: progress.advance(task))
-            progress.update(task, completed=len(cases) + len(waivers))
+            return (lambda line: progress.console.print(line, highlight=False, markup=False, soft_wrap=True),
+                    lambda: progress.advance(tasks[suite]))
+
+        def ended(suite: str) -> None:
+            progress.update(tasks[suite], completed=progress.tasks[tasks[suite]].total)
             progress.advance(overall)
+
+        if jobs > 1 and len(suite_workers.waves(todo)[0]) > 1:
+            def worker_ended(suite: str, code: int) -> None:
+                if state.marker(suite) is None:  # died before its marker: say so, as a crash
+                    _suite_crashed(state, suite, f"its worker process exited with code {code} before the "
+                                   f"suite finished; see logs/{suite}.log")
+                ended(suite)
+
+            if not suite_workers.run(todo, jobs, state.run_dir, suites_dir, start, worker_ended):
+                raise Interrupted("a suite was interrupted")
+            return
+        for suite in todo:
+            _, on_case = start(suite)
+            _run_one_suite(suite, spec, plan, state, suites_dir, progress.console, on_case)
+            ended(suite)
 
 
 def _run_one_suite(suite: str, spec: Spec, plan: Plan, state: RunState, suites_dir: Path, console: Any,
@@ -327,7 +357,7 @@ def _run_one_suite(suite: str, spec: Spec, plan: Plan, state: RunState, suites_d
         _suite_crashed(state, suite, f"no suite module {module}")
         console.print(f"[red]{suite}: no suite module {module}[/]")
         return
-    ini = state.root / "pytest.ini"  # isolates suites from the host project's pytest settings
+    ini = state.root / f"pytest-{suite}.ini"  # isolates suites from the host project's pytest settings
     ini.write_text("[pytest]\n")
     args = [str(module), "-c", str(ini), "--rootdir", str(suites_dir), "--confcutdir", str(suites_dir),
             "-p", "fastpath.pytest_plugin", "-p", "no:cacheprovider", "--import-mode=importlib",

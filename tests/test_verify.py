@@ -120,6 +120,40 @@ def test_interrupted_run_is_never_signed_nor_passing_and_resumes(tmp_path, monke
     assert resumed.signed and (resumed.bundle_dir / "statement.dsse.json").is_file()
 
 
+def _rows(result) -> list[dict]:
+    frame = pd.read_parquet(next(result.bundle_dir.glob("results/*.parquet")))
+    return sorted(frame.drop(columns=["message"]).astype(str).to_dict("records"), key=str)
+
+
+def test_suites_in_worker_processes_write_what_one_process_writes(tmp_path):
+    spec = make_project(tmp_path / "p", mode="broken_fast")
+    serial = run(spec, out=tmp_path / "serial", jobs=1)
+    parallel = run(spec, out=tmp_path / "parallel", jobs=2)
+    assert (serial.exit_code, parallel.exit_code) == (1, 1)
+    assert _rows(serial) == _rows(parallel)
+    assert summary(parallel)["suites"] == {"coverage": "done", "kernels": "done"}
+    logs = tmp_path / "parallel" / "state" / "logs"
+    assert "passed" in (logs / "kernels.log").read_text() and (logs / "coverage.log").read_text()
+
+
+def test_a_suite_worker_that_dies_is_an_error_row_naming_its_exit_code(tmp_path, monkeypatch):
+    spec = make_project(tmp_path / "p")
+    monkeypatch.setenv("FASTPATH_DOUBLE_INTERRUPT", "die")  # the kernels worker exits 9 mid-suite
+    result = run(spec, out=tmp_path / "run", jobs=2)
+    assert (result.exit_code, result.verdict) == (1, "fail")
+    s = summary(result)
+    assert s["suites"] == {"coverage": "done", "kernels": "crashed"}
+    [row] = [r for r in s["failing_rows"] if r["case_id"] == "kernels/suite"]
+    assert "exited with code 9" in row["message"]
+
+
+def test_timing_suites_run_alone_after_the_others():
+    from fastpath.suite_workers import waves
+
+    assert waves(["coverage", "kernels", "perf", "parity"]) == [["coverage", "kernels", "parity"], ["perf"]]
+    assert waves(["perf"]) == [["perf"]]
+
+
 def test_resume_refuses_a_changed_spec_and_out_refuses_reuse(tmp_path):
     spec = make_project(tmp_path / "p")
     run(spec, out=tmp_path / "run", only=["kernels"])

@@ -1,0 +1,147 @@
+"""Suites side by side: ``fastpath verify --jobs N`` runs up to N suites at once, each in a
+worker process of its own (``python -m fastpath.suite_workers RUN_DIR SUITES_DIR SUITE``).
+
+A worker runs one suite exactly as the in-process run does (``verify._run_one_suite``: its own
+``pytest.main``, rows, log and completion marker in the run directory) and prints its progress
+lines on stdout, which the parent relays; a line ``CASE_DONE`` advances the suite's bar. Why
+processes: the CPU tier's work is Triton's interpreter, pure Python, so threads would share one
+core; a suite's models and interpreter state stay private to its worker.
+
+Timing suites (``EXCLUSIVE``: perf) run alone, after the others: a neighbour would slow their
+clock. Ctrl-C or SIGTERM in the parent, or a worker that was interrupted (exit 3), stops every
+worker (SIGTERM: each stops like Ctrl-C, leaving no marker), and the run is incomplete. A worker
+that dies without writing its marker gets an error row naming its exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+CASE_DONE = "\x1efastpath-case-done"
+EXCLUSIVE = ("perf",)
+WORKER_INTERRUPTED = 3
+STOP_GRACE_S = 60.0
+
+
+def waves(todo: list[str]) -> list[list[str]]:
+    """The suites that may share the machine, then each timing suite alone, in plan order."""
+    shared = [s for s in todo if s not in EXCLUSIVE]
+    return ([shared] if shared else []) + [[s] for s in todo if s in EXCLUSIVE]
+
+
+def _worker_env() -> dict[str, str]:
+    """The parent's import path for the worker (a spec may name an engine the parent imported
+    from a directory it added to sys.path, e.g. a test double)."""
+    env = dict(os.environ)
+    paths = [p for p in sys.path if p and Path(p).is_dir()]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths + env.get("PYTHONPATH", "").split(os.pathsep)))
+    return env
+
+
+class _Worker:
+    def __init__(self, suite: str, run_dir: Path, suites_dir: Path, relay: Callable[[str], None],
+                 on_case: Callable[[], None]):
+        self.suite = suite
+        self.proc = subprocess.Popen([sys.executable, "-m", "fastpath.suite_workers", str(run_dir), str(suites_dir),
+                                      suite],
+                                     stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=_worker_env(),
+                                     text=True, encoding="utf-8", errors="replace", bufsize=1)
+        self.reader = threading.Thread(target=self._read, args=(relay, on_case), daemon=True)
+        self.reader.start()
+
+    def _read(self, relay: Callable[[str], None], on_case: Callable[[], None]) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            line = line.rstrip("\n")
+            if line == CASE_DONE:
+                on_case()
+            elif line:
+                relay(line)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float | None = None) -> int:
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        self.reader.join(5)
+        return code
+
+
+def run(todo: list[str], jobs: int, run_dir: Path, suites_dir: Path,
+        start: Callable[[str], tuple[Callable, Callable]], ended: Callable[[str, int], None]) -> bool:
+    """Run ``todo`` in waves (``waves``), up to ``jobs`` workers at a time. ``start(suite)``
+    returns (relay a line, advance the bar) for that suite's output; ``ended(suite, exit code)``
+    follows each worker that was not interrupted. Returns False when interrupted (every worker
+    stopped), True when every suite ended."""
+    running: list[_Worker] = []
+    try:
+        for wave in waves(todo):
+            queue = list(wave)
+            while queue or running:
+                while queue and len(running) < max(1, jobs):
+                    suite = queue.pop(0)
+                    relay, on_case = start(suite)
+                    running.append(_Worker(suite, run_dir, suites_dir, relay, on_case))
+                time.sleep(0.2)
+                for w in [w for w in running if w.proc.poll() is not None]:
+                    running.remove(w)
+                    code = w.wait()
+                    if code == WORKER_INTERRUPTED:
+                        return False
+                    ended(w.suite, code)
+        return True
+    except KeyboardInterrupt:
+        return False
+    finally:
+        for w in running:
+            w.stop()
+        deadline = time.monotonic() + STOP_GRACE_S
+        for w in running:
+            w.wait(max(1.0, deadline - time.monotonic()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Worker: ``RUN_DIR SUITES_DIR SUITE``. Exit 0 when the suite ended (its marker says how), 3 when it
+    was interrupted (no marker: a resume reruns it)."""
+    from rich.console import Console
+
+    from fastpath import verify as V
+    from fastpath.plan import Plan
+    from fastpath.run_state import RunState
+    from fastpath.spec import load_spec
+
+    run_dir, suites_dir, suite = Path(argv[0]), Path(argv[1]), argv[2]
+    state = RunState(run_dir)
+    info = state.run_info()
+    spec = load_spec(Path(info["spec_path"]))
+    plan = Plan.from_json(json.loads((state.root / "plan.json").read_text(encoding="utf-8")))
+    out = sys.stdout
+    console = Console(file=out, width=10_000, soft_wrap=True, highlight=False, color_system=None)
+
+    def case_done() -> None:
+        out.write(CASE_DONE + "\n")
+        out.flush()
+
+    with V._sigterm_as_interrupt():
+        try:
+            V._run_one_suite(suite, spec, plan, state, suites_dir, console, case_done)
+        except (V.Interrupted, KeyboardInterrupt):
+            return WORKER_INTERRUPTED
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
