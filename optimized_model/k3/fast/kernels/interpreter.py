@@ -1,6 +1,7 @@
-"""A faster scan in Triton's CPU interpreter (TRITON_INTERPRET=1); kernel semantics unchanged.
+"""Two wasted costs of Triton's CPU interpreter (TRITON_INTERPRET=1) removed; kernel semantics
+unchanged.
 
-Every call of a ``@triton.jit`` device function under the interpreter -- ``tl.sum``, ``tl.zeros``,
+1. Every call of a ``@triton.jit`` device function under the interpreter -- ``tl.sum``, ``tl.zeros``,
 ``tl.sigmoid`` and our own helpers, dozens per program -- re-patches ``triton.language`` for the
 interpreter: ``_patch_builtin(module)`` walks ``inspect.getmembers(module)`` (hundreds of
 names, sorted) to find the builtins to wrap. Profiled on the tiny model's decode step that walk
@@ -9,12 +10,19 @@ was a third of the interpreter's time. The set of names that can hold a builtin 
 ``enable()`` replaces ``_patch_builtin`` with one that walks those names only, found once per
 module: it wraps exactly the members the original would wrap, in the same scope.
 
+2. Integer ``+ - *`` on int32 (every offset computation) is re-done in int64 and compared with
+the int32 bounds for a ``device_assert`` -- which does nothing unless the interpreter's
+``debug`` option is on (``semantic.device_assert`` returns at once), so the check's work is
+thrown away: another third of a KDA decode program. With ``debug`` off, ``enable()`` turns the
+``sanitize_overflow`` option off too, which skips exactly that unused work.
+
 Only the interpreter is touched; on a GPU nothing here runs. A Triton whose interpreter has no
 ``_patch_builtin``/``_patch_attr`` keeps its own (``enable()`` returns why).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 from typing import Any
@@ -60,5 +68,9 @@ def enable() -> str:
 
     patch_builtin.__wrapped__ = original  # type: ignore[attr-defined]
     interp._patch_builtin = patch_builtin
+    builder = getattr(interp, "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    if options is not None and not getattr(options, "debug", True) and getattr(options, "sanitize_overflow", False):
+        builder.options = dataclasses.replace(options, sanitize_overflow=False)
     _enabled = True
     return ""

@@ -1,5 +1,6 @@
-"""The cached builtin scan of Triton's interpreter (optimized_model/k3/fast/kernels/interpreter.py)
-wraps exactly what the original scan wraps, before a launch and inside one."""
+"""Triton interpreter speed-ups (optimized_model/k3/fast/kernels/interpreter.py): the cached builtin
+scan wraps exactly what the original scan wraps, before a launch and inside one; the integer
+overflow check is off only where its assert could never fire; kernels compute the same."""
 
 import os
 
@@ -49,3 +50,13 @@ def test_a_kernel_with_device_calls_still_computes_the_same(n):
     e = kernel_entry("cpu")
     inputs = e.make_inputs({"M": 3, "N": n}, "normal", "float32", "cpu", 0)
     torch.testing.assert_close(e.fast(**inputs), e.oracle(**inputs), atol=1e-5, rtol=1e-5)
+
+
+def test_the_overflow_check_is_off_only_where_its_assert_could_not_fire():
+    from triton.language.semantic import TritonSemantic
+
+    assert interpreter.enable() == ""
+    options = interp.interpreter_builder.options
+    assert options.debug is False and options.sanitize_overflow is False
+    # why that changes nothing: without debug the check's device_assert returns at once
+    assert TritonSemantic(interp.interpreter_builder).device_assert(None, "never evaluated", None) is None
