@@ -1,10 +1,14 @@
 """Features suite: production features still work on the fast path (issue 5 item 4).
 
 structured    (features_structured_output) JSON schema / regex through the engine's structured
-              output (xgrammar), greedy or sampled at temperature 0.9, batch 4: valid rate
-              (jsonschema / re.fullmatch) >= min_valid_rate; the trace proves the fast path ran
-              during the constrained generation (sampler and every decode component engaged);
-              greedy outputs identical between the standard and the fast path.
+              output (xgrammar), greedy or sampled at temperature 0.9, in one heterogeneous batch
+              of 5 (``structured_batch``): rows of the case's grammar and of the other one
+              interleaved, an unconstrained row between them, rows finishing at different steps;
+              every constrained row valid against its own grammar (jsonschema / re.fullmatch),
+              the unconstrained one ended by its length: valid rate >= min_valid_rate (a mask
+              applied to another row breaks one of them); the batch really mixed; the trace
+              proves the fast path ran (sampler and every decode component engaged); greedy
+              outputs identical between the standard and the fast path, row by row.
 sampling      (features_sampling_distribution) fixed prompts, many seeds, temperature 0.6,
               max_tokens 2, batched at the fast path's largest batch. The first token comes from
               the prefill (outside the fast path); the second is drawn by the fast decode step and
@@ -56,7 +60,6 @@ JSON_SCHEMA = {
     "additionalProperties": False,
 }
 REGEX = r"[a-z]{1,3}-[0-9]"
-STRUCT_BATCH = 4
 STRUCT_TEMPERATURE = 0.9
 SAMPLING_TEMPERATURE = 0.6
 N_SAMPLING_PROMPTS = 4
@@ -114,6 +117,25 @@ def _valid(kind: str, text: str) -> tuple[bool, str]:
     return ok, "" if ok else "no re.fullmatch"
 
 
+def structured_batch(kind: str, temperature: float, tok) -> list[tuple[str | None, GenerationRequest]]:
+    """The case's batch: one mixed batch per case, so that a mask applied to the wrong row shows
+    -- rows of the case's grammar and of the other one, interleaved, an unconstrained row
+    between them that stops after a few tokens, and rows that finish at different steps (a
+    regex answer is shorter than a JSON object). (grammar kind or None, request) per row."""
+    other = "regex" if kind == "json_schema" else "json_schema"
+    rows = []
+    for i, k in enumerate((kind, other, None, kind, other)):
+        if k is None:
+            rows.append((None, GenerationRequest(prompt_ids=tok.encode(f"Say anything, item {i}."), max_tokens=3,
+                                                 temperature=temperature, seed=100 + i, ignore_eos=True)))
+            continue
+        text = "Answer with a JSON object:" if k == "json_schema" else "Answer with a code like ab-1:"
+        constraint = {"json_schema": JSON_SCHEMA} if k == "json_schema" else {"regex": REGEX}
+        rows.append((k, GenerationRequest(prompt_ids=tok.encode(f"{text} item {i}."), max_tokens=32,
+                                          temperature=temperature, seed=100 + i, structured=constraint)))
+    return rows
+
+
 @pytest.mark.fastpath(kind="structured", gate="features_structured_output")
 def test_structured_output(case, fp_engine, fp_models, fp_gate, record):
     cfg = H.case_config(case)
@@ -122,23 +144,36 @@ def test_structured_output(case, fp_engine, fp_models, fp_gate, record):
     gate = fp_gate("features_structured_output")
     min_valid = float(gate.get("min_valid_rate", 1.0))
     fast, std = fp_models["fast"], fp_models["standard"]
-    tok = fast.tokenizer
-    constraint = {"json_schema": JSON_SCHEMA} if kind == "json_schema" else {"regex": REGEX}
     temp = 0.0 if mode == "greedy" else STRUCT_TEMPERATURE
-    text = "Answer with a JSON object:" if kind == "json_schema" else "Answer with a code like ab-1:"
-    reqs = [GenerationRequest(prompt_ids=tok.encode(f"{text} item {i}."), max_tokens=32, temperature=temp,
-                              seed=100 + i, structured=dict(constraint)) for i in range(STRUCT_BATCH)]
+    rows = structured_batch(kind, temp, fast.tokenizer)
+    reqs = [r for _, r in rows]
     with trace.recording() as rec:
         out_fast = fast.generate(reqs)
-    checks = [_valid(kind, r.text) for r in out_fast]
+    # every constrained row against ITS grammar; the unconstrained row ends by length, unmasked
+    checks = [_valid(k, r.text) if k else (r.finish_reason == "length", "" if r.finish_reason == "length" else
+                                           f"unconstrained row ended with {r.finish_reason!r}, not after its "
+                                           f"{reqs[i].max_tokens} tokens")
+              for i, ((k, _), r) in enumerate(zip(rows, out_fast))]
     n_ok = sum(ok for ok, _ in checks)
     rate = n_ok / len(reqs)
-    base = {"batch": STRUCT_BATCH, "draft": draft, "path": "fast"}
-    outputs = [{"text": r.text[:200], "finish_reason": r.finish_reason, "valid": ok, "error": why}
-               for r, (ok, why) in zip(out_fast, checks)]
+    steps = [len(r.token_ids) for r in out_fast]
+    base = {"batch": len(reqs), "draft": draft, "path": "fast"}
+    outputs = [{"row": i, "grammar": k or "none", "text": r.text[:200], "finish_reason": r.finish_reason,
+                "tokens": len(r.token_ids), "valid": ok, "error": why}
+               for i, ((k, _), r, (ok, why)) in enumerate(zip(rows, out_fast, checks))]
     record("features_structured_output", "valid_rate", rate, threshold=min_valid, comparator=">=",
-           detail={"structured": kind, "mode": mode, "temperature": temp}, evidence={"outputs": outputs},
-           message="" if rate >= min_valid else f"{len(reqs) - n_ok}/{len(reqs)} outputs invalid", **base)
+           detail={"structured": kind, "mode": mode, "temperature": temp, "rows": [k or "none" for k, _ in rows],
+                   "finished_at_steps": steps},
+           evidence={"outputs": outputs},
+           message="" if rate >= min_valid else
+           f"{len(reqs) - n_ok}/{len(reqs)} rows invalid: " + "; ".join(
+               f"row {o['row']} ({o['grammar']}): {o['error'] or 'invalid'}" for o in outputs if not o["valid"]),
+           **base)
+    mixed = len(set(steps)) > 1 and {k for k, _ in rows} >= {kind, None}
+    record("features_structured_output", "heterogeneous_batch", 1.0 if mixed else 0.0, threshold=1.0,
+           comparator=">=", detail={"finished_at_steps": steps, "rows": [k or "none" for k, _ in rows]},
+           message="" if mixed else "the batch did not mix grammars, unconstrained rows and finishing steps: "
+           "a mask applied to the wrong row would go unseen", **base)
     missing, summary = _engagement(rec, fp_engine)
     sampler_runs = len(rec.engaged("sampler"))
     ok = not missing and sampler_runs > 0
@@ -154,8 +189,8 @@ def test_structured_output(case, fp_engine, fp_models, fp_gate, record):
         record("features_structured_output", "greedy_identical", frac, threshold=1.0, comparator=">=",
                detail={"structured": kind, "mode": mode},
                evidence={"fast": [r.text[:200] for r in out_fast], "standard": [r.text[:200] for r in out_std]},
-               message="" if frac >= 1.0 else "greedy constrained outputs differ between standard and fast",
-               **base)
+               message="" if frac >= 1.0 else "greedy outputs differ between standard and fast in rows "
+               + ", ".join(str(i) for i, x in enumerate(same) if not x), **base)
 
 
 def _draws_for_tier(fp_gate, fp_tier) -> tuple[int, float]:
