@@ -27,13 +27,18 @@ from typing import Any, Callable
 
 CASE_DONE = "\x1efastpath-case-done"
 EXCLUSIVE = ("perf",)
+# started first, as they run longest on the CPU tier (generation: many fast decode steps), so the
+# shorter suites fill the other worker meanwhile instead of leaving one suite to run alone at the end
+LONG_FIRST = ("evals", "features", "parity")
 WORKER_INTERRUPTED = 3
 STOP_GRACE_S = 60.0
 
 
 def waves(todo: list[str]) -> list[list[str]]:
-    """The suites that may share the machine, then each timing suite alone, in plan order."""
-    shared = [s for s in todo if s not in EXCLUSIVE]
+    """The suites that may share the machine (the long ones first, then plan order), then each
+    timing suite alone, in plan order."""
+    shared = sorted((s for s in todo if s not in EXCLUSIVE),
+                    key=lambda s: LONG_FIRST.index(s) if s in LONG_FIRST else len(LONG_FIRST))
     return ([shared] if shared else []) + [[s] for s in todo if s in EXCLUSIVE]
 
 

@@ -522,7 +522,7 @@ def kernel_entry(device: Any = None) -> list[KernelSpec]:
                    dict(batch=1, rank=128, block_v=32, **hk), dict(batch=4, rank=128, block_v=128, **hk),
                    dict(batch=3, heads=3, head_k=96, head_v=80, rank=96)]
         # the H200 table's batch-1 configuration (fused low-rank gates, V split) and a batch
-        # past the 16 bucket with separate gates, 256 steps each (~ms apiece on the GPU)
+        # past the 16 bucket with separate gates, 256 steps each (~1 ms apiece on the GPU)
         long = [dict(batch=1, rank=128, block_v=32, steps=256, **hk), dict(batch=17, steps=256, **hk)]
     else:  # Triton interpreter: small heads
         hk = dict(heads=2, head_k=16, head_v=16)
@@ -532,10 +532,9 @@ def kernel_entry(device: Any = None) -> list[KernelSpec]:
                    dict(batch=1, rank=16, block_v=8, **hk), dict(batch=2, rank=12, **hk),
                    dict(batch=3, heads=3, head_k=16, head_v=32, block_v=16, rank=16)]
         # the tiny model's KDA heads (2 x 32 channels: each head draws its own A_log, so some
-        # channels sit at the long-memory end), fused low-rank gates (the CPU table's batch <= 2)
-        # and separate ones; one sequence: every interpreted step costs a program per (sequence, head)
-        tiny = dict(heads=2, head_k=32, head_v=32)
-        long = [dict(batch=1, rank=16, steps=32, **tiny), dict(batch=1, steps=32, **tiny)]
+        # channels sit at the long-memory end); one sequence, separate gates: every interpreted
+        # step costs a program per (sequence, head), and the recurrence is the gates' variants' own
+        long = [dict(batch=1, steps=32, heads=2, head_k=32, head_v=32)]
     common = dict(component=COMPONENT, fast=fast, standard=standard, oracle=oracle, make_inputs=make_inputs,
                   dtypes=default_dtypes(device), k=2.0, deterministic=True,
                   kernel_patterns=[r"kda_decode_fused_kernel"])
