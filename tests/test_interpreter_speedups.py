@@ -1,6 +1,7 @@
 """Triton interpreter speed-ups (optimized_model/k3/fast/kernels/interpreter.py): the cached builtin
 scan wraps exactly what the original scan wraps, before a launch and inside one; the integer
-overflow check is off only where its assert could never fire; kernels compute the same."""
+overflow check is off only where its assert could never fire; kernels compute bit for bit what
+they compute under the interpreter as shipped."""
 
 import os
 
@@ -60,3 +61,28 @@ def test_the_overflow_check_is_off_only_where_its_assert_could_not_fire():
     assert options.debug is False and options.sanitize_overflow is False
     # why that changes nothing: without debug the check's device_assert returns at once
     assert TritonSemantic(interp.interpreter_builder).device_assert(None, "never evaluated", None) is None
+
+
+def test_kernels_compute_bit_for_bit_what_they_compute_without_the_speedups(monkeypatch):
+    """KDA decode (device calls into our helpers and into triton.language's own, whose module
+    sees tl.core where the kernel's sees only tl) and the gemv, with the three speed-ups and
+    with Triton's interpreter as shipped."""
+    import dataclasses
+
+    from optimized_model.k3.fast.kernels import gemv, kda_decode
+
+    assert interpreter.enable() == ""
+    cases = [(kda_decode.kernel_entry("cpu")[0], {"batch": 3, "heads": 2, "head_k": 16, "head_v": 32, "block_v": 16}),
+             (gemv.kernel_entry("cpu")[0], {"M": 3, "N": 249, "K": 152})]
+    inputs = [e.make_inputs(shape, "normal", "float16", "cpu", 5) for e, shape in cases]
+    fast = [e.fast(**{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in inp.items()})
+            for (e, _), inp in zip(cases, inputs)]
+    monkeypatch.setattr(interp, "_patch_builtin", interp._patch_builtin.__wrapped__)
+    monkeypatch.setattr(interp, "_patch_lang", interp._patch_lang.__wrapped__)
+    monkeypatch.setattr(interp.GridExecutor, "__call__", interp.GridExecutor.__call__.__wrapped__)
+    builder = interp.interpreter_builder
+    monkeypatch.setattr(builder, "options", dataclasses.replace(builder.options, sanitize_overflow=True))
+    shipped = [e.fast(**inp) for (e, _), inp in zip(cases, inputs)]
+    for a, b in zip(fast, shipped):
+        for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
+            assert torch.equal(x, y)

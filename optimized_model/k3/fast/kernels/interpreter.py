@@ -1,4 +1,4 @@
-"""Two wasted costs of Triton's CPU interpreter (TRITON_INTERPRET=1) removed; kernel semantics
+"""Three wasted costs of Triton's CPU interpreter (TRITON_INTERPRET=1) removed; kernel semantics
 unchanged.
 
 1. Every call of a ``@triton.jit`` device function under the interpreter -- ``tl.sum``, ``tl.zeros``,
@@ -16,6 +16,11 @@ the int32 bounds for a ``device_assert`` -- which does nothing unless the interp
 thrown away: another third of a KDA decode program. With ``debug`` off, ``enable()`` turns the
 ``sanitize_overflow`` option off too, which skips exactly that unused work.
 
+3. Each such device call re-patches ``triton.language`` although the launch around it (or an
+earlier call in it) already did: the wrappers put in place stay until the launch ends. A
+device call whose modules were patched earlier in the same launch now skips the re-patch (per
+thread, reset at every launch): a third of what remains of a KDA decode program.
+
 Only the interpreter is touched; on a GPU nothing here runs. A Triton whose interpreter has no
 ``_patch_builtin``/``_patch_attr`` keeps its own (``enable()`` returns why).
 """
@@ -25,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import threading
 from typing import Any
 
 _PATCH_WRAPPER = "_patch_attr.<locals>.<lambda>"  # the interpreter's wrapper of a builtin
@@ -72,5 +78,45 @@ def enable() -> str:
     options = getattr(builder, "options", None)
     if options is not None and not getattr(options, "debug", True) and getattr(options, "sanitize_overflow", False):
         builder.options = dataclasses.replace(options, sanitize_overflow=False)
+    _skip_repeated_patches(interp, tl)
     _enabled = True
     return ""
+
+
+class _NothingToRestore:
+    def restore(self) -> None:
+        pass
+
+
+def _skip_repeated_patches(interp: Any, tl: Any) -> None:
+    """``_patch_lang(fn)`` patches the language modules ``fn`` sees; within one launch a second
+    patch of the same modules finds every builtin already wrapped and changes nothing."""
+    patch_lang, grid_call = interp._patch_lang, interp.GridExecutor.__call__
+    launch = threading.local()  # .patched: ids of the modules patched in this thread's launch
+    seen: dict[int, frozenset] = {}
+
+    def modules(fn: Any) -> frozenset:
+        key = id(fn.__globals__)
+        if key not in seen:
+            seen[key] = frozenset(id(v) for v in fn.__globals__.values() if v is tl or v is tl.core)
+        return seen[key]
+
+    def patch_once(fn: Any) -> Any:
+        patched = getattr(launch, "patched", None)
+        if patched is not None and modules(fn) <= patched:
+            return _NothingToRestore()
+        scope = patch_lang(fn)
+        if patched is not None:
+            patched |= modules(fn)
+        return scope
+
+    def run_grid(self: Any, *args: Any, **kwargs: Any) -> Any:
+        outer = getattr(launch, "patched", None)
+        launch.patched = set()
+        try:
+            return grid_call(self, *args, **kwargs)
+        finally:
+            launch.patched = outer
+
+    patch_once.__wrapped__, run_grid.__wrapped__ = patch_lang, grid_call  # type: ignore[attr-defined]
+    interp._patch_lang, interp.GridExecutor.__call__ = patch_once, run_grid
