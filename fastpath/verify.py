@@ -35,7 +35,7 @@ from typing import Any
 from fastpath.errors import FastpathError, UsageError
 from fastpath.gates import Verdict, evaluate
 from fastpath.plan import Plan, build_plan
-from fastpath.results import make_row, read_rows, rows_frame, write_json_atomic
+from fastpath.results import read_rows, rows_frame, write_json_atomic
 from fastpath.run_state import RunState
 from fastpath.spec import Spec, load_spec
 
@@ -329,14 +329,9 @@ def _run_suites(todo: list[str], spec: Spec, plan: Plan, state: RunState, suites
             progress.update(tasks[suite], completed=progress.tasks[tasks[suite]].total)
             progress.advance(overall)
 
-        if jobs > 1 and len(suite_workers.waves(todo)[0]) > 1:
-            def worker_ended(suite: str, code: int) -> None:
-                if state.marker(suite) is None:  # died before its marker: say so, as a crash
-                    _suite_crashed(state, suite, f"its worker process exited with code {code} before the "
-                                   f"suite finished; see logs/{suite}.log")
-                ended(suite)
-
-            if not suite_workers.run(todo, jobs, state.run_dir, suites_dir, start, worker_ended):
+        cases = {s: sum(map(len, plan.for_suite(s))) for s in todo}
+        if jobs > 1 and len(suite_workers.units(suite_workers.waves(todo)[0], jobs, cases)) > 1:
+            if not suite_workers.run(todo, jobs, cases, state, suites_dir, start, ended):
                 raise Interrupted("a suite was interrupted")
             return
         for suite in todo:
@@ -346,27 +341,29 @@ def _run_suites(todo: list[str], spec: Spec, plan: Plan, state: RunState, suites
 
 
 def _run_one_suite(suite: str, spec: Spec, plan: Plan, state: RunState, suites_dir: Path, console: Any,
-                   on_case: Any) -> None:
+                   on_case: Any, shard: tuple[int, int] = (0, 1)) -> None:
+    """The suite (or one ``shard`` = (i, n) of its cases) in its own ``pytest.main``."""
     import pytest
 
-    rows_path = state.rows_path(suite)
+    rows_path = state.rows_path(suite, shard)
     rows_path.parent.mkdir(parents=True, exist_ok=True)
     rows_path.unlink(missing_ok=True)  # an interrupted attempt's rows are not evidence
     module = suites_dir / f"test_{suite}.py"
     if not module.is_file():
-        _suite_crashed(state, suite, f"no suite module {module}")
+        state.crashed(suite, f"no suite module {module}", shard)
         console.print(f"[red]{suite}: no suite module {module}[/]")
         return
-    ini = state.root / f"pytest-{suite}.ini"  # isolates suites from the host project's pytest settings
+    ini = state.root / f"pytest-{rows_path.stem}.ini"  # isolates suites from the host project's pytest settings
     ini.write_text("[pytest]\n")
     args = [str(module), "-c", str(ini), "--rootdir", str(suites_dir), "--confcutdir", str(suites_dir),
             "-p", "fastpath.pytest_plugin", "-p", "no:cacheprovider", "--import-mode=importlib",
             "--capture=sys", "-q", "-rfEs", "--tb=short", "--no-header",
             "--fastpath-spec", str(spec.path), "--fastpath-tier", plan.tier,
             "--fastpath-plan", str(state.root / "plan.json"), "--fastpath-rows", str(rows_path),
-            "--fastpath-suite", suite, "--fastpath-artifacts", str(state.root / "logs" / "artifacts")]
+            "--fastpath-suite", suite, "--fastpath-artifacts", str(state.root / "logs" / "artifacts"),
+            "--fastpath-shard", f"{shard[0]}/{shard[1]}"]
     hook = ProgressHook(rows_path, console, on_case)
-    log_path = state.log_path(suite)
+    log_path = state.log_path(suite, shard)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     before = set(sys.modules)
     from fastpath.progress import reporting_to
@@ -385,9 +382,9 @@ def _run_one_suite(suite: str, spec: Spec, plan: Plan, state: RunState, suites_d
     if hook.interrupted:
         raise Interrupted(suite)
     if code in PYTEST_FINISHED:
-        state.mark(suite, "done", pytest_exit=code)
+        state.mark(suite, "done", shard, pytest_exit=code)
     else:
-        _suite_crashed(state, suite, f"pytest exit code {code} (collection or internal error); see logs/{suite}.log")
+        state.crashed(suite, f"pytest exit code {code} (collection or internal error); see logs/{suite}.log", shard)
         console.print(f"[red]{suite}: could not run (pytest exit {code}); see {log_path}[/]")
 
 
@@ -398,15 +395,6 @@ def _forget_suite_modules(before: set[str], suites_dir: Path) -> None:
         file = getattr(sys.modules[name], "__file__", None)
         if file and Path(file).resolve().is_relative_to(root):
             del sys.modules[name]
-
-
-def _suite_crashed(state: RunState, suite: str, message: str) -> None:
-    """A suite that could not run: one error row says why; its cases end up 'no result'."""
-    from fastpath.results import RowWriter
-
-    with RowWriter(state.rows_path(suite)) as writer:
-        writer.write(make_row(suite, f"{suite}/suite", "", "suite", status="error", message=message))
-    state.mark(suite, "crashed", message=message)
 
 
 def _finish(spec: Spec, plan: Plan, state: RunState, repo_root: Path, opts: VerifyOptions, console: Any,

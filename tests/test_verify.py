@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from fastpath.cli import app
 from fastpath.errors import UsageError
+from fastpath.results import read_rows
 from fastpath.verify import VerifyOptions, verify
 
 DOUBLES = Path(__file__).parent / "doubles" / "stub"
@@ -153,6 +154,30 @@ def test_long_suites_start_first_and_timing_suites_run_alone_after_the_others():
     assert waves(["coverage", "kernels", "perf", "parity"]) == [["parity", "coverage", "kernels"], ["perf"]]
     assert waves(["coverage", "kernels", "parity", "features"]) == [["features", "parity", "coverage", "kernels"]]
     assert waves(["perf"]) == [["perf"]]
+
+
+def test_long_suites_run_as_shards_merged_back_into_one_suite(tmp_path):
+    from fastpath.run_state import RunState
+    from fastpath.suite_workers import units
+
+    assert units(["features", "coverage"], 2, {"features": 9, "coverage": 16}) == [
+        ("features", (0, 2)), ("features", (1, 2)), ("coverage", (0, 1))]
+    assert units(["parity"], 2, {"parity": 1}) == [("parity", (0, 1))]
+    state = RunState(tmp_path)
+    for i, status in enumerate(("done", "done")):
+        state.rows_path("features", (i, 2)).parent.mkdir(parents=True, exist_ok=True)
+        state.rows_path("features", (i, 2)).write_text(f'{{"case_id": "features/x/{i}", "status": "pass"}}\n')
+        state.log_path("features", (i, 2)).parent.mkdir(parents=True, exist_ok=True)
+        state.log_path("features", (i, 2)).write_text(f"log {i}\n")
+        state.mark("features", status, (i, 2), pytest_exit=i)
+    state.merge_shards("features", 2)
+    assert [r["case_id"] for r in read_rows(state.rows_path("features"))] == ["features/x/0", "features/x/1"]
+    assert "log 0" in state.log_path("features").read_text() and state.marker("features")["status"] == "done"
+    assert sorted(p.name for p in (tmp_path / "state" / "rows").iterdir()) == ["features.jsonl"]
+    state.mark("parity", "crashed", (1, 2), message="shard 2 died")
+    state.mark("parity", "done", (0, 2), pytest_exit=0)
+    state.merge_shards("parity", 2)
+    assert state.marker("parity") == {"suite": "parity", "status": "crashed", "message": "shard 2 died"}
 
 
 def test_resume_refuses_a_changed_spec_and_out_refuses_reuse(tmp_path):
