@@ -21,8 +21,8 @@ earlier call in it) already did: the wrappers put in place stay until the launch
 device call whose modules were patched earlier in the same launch now skips the re-patch (per
 thread, reset at every launch): a third of what remains of a KDA decode program.
 
-Only the interpreter is touched; on a GPU nothing here runs. A Triton whose interpreter has no
-``_patch_builtin``/``_patch_attr`` keeps its own (``enable()`` returns why).
+Only the interpreter is touched; on a GPU nothing here runs. A Triton whose interpreter lacks
+one of the functions replaced keeps its own (``enable()`` returns why).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _candidates(module: Any, is_builtin: Any) -> list[str]:
 
 
 def enable() -> str:
-    """Install the cached scan (idempotent). Returns "" when installed, else why not."""
+    """Install the three speed-ups (idempotent). Returns "" when installed, else why not."""
     global _enabled
     if _enabled:
         return ""
@@ -63,8 +63,10 @@ def enable() -> str:
     original = getattr(interp, "_patch_builtin", None)
     patch_attr = getattr(interp, "_patch_attr", None)
     is_builtin = getattr(getattr(tl, "core", None), "is_builtin", None)
-    if not (callable(original) and callable(patch_attr) and callable(is_builtin)):
-        return "this Triton's interpreter has no _patch_builtin/_patch_attr: left as it is"
+    grid = getattr(interp, "GridExecutor", None)
+    if not all(callable(f) for f in (original, patch_attr, is_builtin, getattr(interp, "_patch_lang", None),
+                                     getattr(grid, "__call__", None))):
+        return "this Triton's interpreter lacks _patch_builtin/_patch_attr/_patch_lang/GridExecutor: left as it is"
 
     def patch_builtin(pkg: Any, builder: Any, scope: Any) -> None:
         for name in _candidates(pkg, is_builtin):
