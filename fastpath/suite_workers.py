@@ -30,9 +30,10 @@ from typing import Any, Callable
 
 CASE_DONE = "\x1efastpath-case-done"
 EXCLUSIVE = ("perf",)
-# started first, as they run longest on the CPU tier (generation: many fast decode steps), so the
-# shorter suites fill the other worker meanwhile instead of leaving one suite to run alone at the end
-LONG_FIRST = ("evals", "features", "parity")
+# started first, longest first as measured on the CPU tier (generation: many fast decode steps;
+# the kernels' interpreted jitter rounds), so the short suites fill the gaps at the end instead of
+# one long suite running alone
+LONG_FIRST = ("evals", "features", "kernels", "parity")
 WORKER_INTERRUPTED = 3
 STOP_GRACE_S = 60.0
 
