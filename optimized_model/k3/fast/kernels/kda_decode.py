@@ -456,9 +456,10 @@ def make_inputs(shape: dict, value_class: str = "normal", dtype: Any = torch.flo
     "block_v" (optional), "rank" (optional: low-rank gates), "steps" (optional: consecutive
     decode steps, states carried)}. Value classes: normal, large (x8 pre-activations, big
     state), near_zero (tiny inputs and state), long_memory (the model's parameter ranges:
-    A_log and dt_bias as ``weights.init_weights`` draws them, so most channels' forget gate is
-    ~0.998 and the state remembers across every step; unit-scale activations, f as the
-    model's low-rank projection makes it, a zero initial state as after a fresh prompt)."""
+    A_log and dt_bias as ``weights.init_weights`` draws them, so the channels range from long
+    memory -- forget gate ~0.998, the state carried across every step -- to fast decay;
+    unit-scale activations, f at the scale of the model's low-rank projection, a zero initial
+    state as after a fresh prompt)."""
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
     device = torch.device(device)
@@ -506,8 +507,8 @@ def make_inputs(shape: dict, value_class: str = "normal", dtype: Any = torch.flo
 def kernel_entry(device: Any = None) -> list[KernelSpec]:
     """Two entries: ``kda_decode`` (one step over the shapes and value classes) and
     ``kda_decode_steps`` (long horizon: many consecutive steps, state carried, on inputs from
-    the model's parameter ranges -- a decay kept in too low a precision drifts slowly, within
-    one step's tolerance, and shows only after many)."""
+    the model's parameter ranges -- a state or decay kept in too low a precision drifts
+    slowly, within one step's tolerance, and shows only after many)."""
     on_cuda = str(device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
     if on_cuda:
         hk = dict(heads=32, head_k=128, head_v=128)
@@ -532,8 +533,9 @@ def kernel_entry(device: Any = None) -> list[KernelSpec]:
                    dict(batch=1, rank=16, block_v=8, **hk), dict(batch=2, rank=12, **hk),
                    dict(batch=3, heads=3, head_k=16, head_v=32, block_v=16, rank=16)]
         # the tiny model's KDA heads (2 x 32 channels: each head draws its own A_log, so some
-        # channels sit at the long-memory end); one sequence, separate gates: every interpreted
-        # step costs a program per (sequence, head), and the recurrence is the gates' variants' own
+        # channels sit at the long-memory end); one sequence with separate gates (the low-rank
+        # variant runs the same recurrence code): every interpreted step costs a program per
+        # (sequence, head)
         long = [dict(batch=1, steps=32, heads=2, head_k=32, head_v=32)]
     common = dict(component=COMPONENT, fast=fast, standard=standard, oracle=oracle, make_inputs=make_inputs,
                   dtypes=default_dtypes(device), k=2.0, deterministic=True,
