@@ -59,6 +59,12 @@ class RunState:
         write_json_atomic({"suite": suite, "status": status, **info},
                           self.root / "done" / f"{shard_name(suite, shard)}.json")
 
+    def forget(self, suite: str, shard: tuple[int, int] = (0, 1)) -> None:
+        """Before a suite (or shard) runs again: an interrupted attempt's rows are not evidence,
+        and an old marker must not stand for this attempt (a worker that dies leaves none)."""
+        self.rows_path(suite, shard).unlink(missing_ok=True)
+        (self.root / "done" / f"{shard_name(suite, shard)}.json").unlink(missing_ok=True)
+
     def crashed(self, suite: str, message: str, shard: tuple[int, int] = (0, 1)) -> None:
         """A suite (or shard) that could not run: one error row says why; its cases end up 'no result'."""
         with RowWriter(self.rows_path(suite, shard)) as writer:

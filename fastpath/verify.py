@@ -347,7 +347,7 @@ def _run_one_suite(suite: str, spec: Spec, plan: Plan, state: RunState, suites_d
 
     rows_path = state.rows_path(suite, shard)
     rows_path.parent.mkdir(parents=True, exist_ok=True)
-    rows_path.unlink(missing_ok=True)  # an interrupted attempt's rows are not evidence
+    state.forget(suite, shard)
     module = suites_dir / f"test_{suite}.py"
     if not module.is_file():
         state.crashed(suite, f"no suite module {module}", shard)

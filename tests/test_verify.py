@@ -174,6 +174,9 @@ def test_long_suites_run_as_shards_merged_back_into_one_suite(tmp_path):
     assert [r["case_id"] for r in read_rows(state.rows_path("features"))] == ["features/x/0", "features/x/1"]
     assert "log 0" in state.log_path("features").read_text() and state.marker("features")["status"] == "done"
     assert sorted(p.name for p in (tmp_path / "state" / "rows").iterdir()) == ["features.jsonl"]
+    state.mark("coverage", "done", (0, 2), pytest_exit=0)  # from an interrupted attempt
+    state.forget("coverage", (0, 2))
+    assert state.marker("coverage", (0, 2)) is None
     state.mark("parity", "crashed", (1, 2), message="shard 2 died")
     state.mark("parity", "done", (0, 2), pytest_exit=0)
     state.merge_shards("parity", 2)
