@@ -136,6 +136,14 @@ def structured_batch(kind: str, temperature: float, tok) -> list[tuple[str | Non
     return rows
 
 
+def _row_valid(kind: str | None, req: GenerationRequest, result) -> tuple[bool, str]:
+    """A constrained row against ITS grammar; an unconstrained row must end by its length."""
+    if kind:
+        return _valid(kind, result.text)
+    ok = result.finish_reason == "length"
+    return ok, "" if ok else f"unconstrained row ended with {result.finish_reason!r}, not after {req.max_tokens} tokens"
+
+
 @pytest.mark.fastpath(kind="structured", gate="features_structured_output")
 def test_structured_output(case, fp_engine, fp_models, fp_gate, record):
     cfg = H.case_config(case)
@@ -149,11 +157,7 @@ def test_structured_output(case, fp_engine, fp_models, fp_gate, record):
     reqs = [r for _, r in rows]
     with trace.recording() as rec:
         out_fast = fast.generate(reqs)
-    # every constrained row against ITS grammar; the unconstrained row ends by length, unmasked
-    checks = [_valid(k, r.text) if k else (r.finish_reason == "length", "" if r.finish_reason == "length" else
-                                           f"unconstrained row ended with {r.finish_reason!r}, not after its "
-                                           f"{reqs[i].max_tokens} tokens")
-              for i, ((k, _), r) in enumerate(zip(rows, out_fast))]
+    checks = [_row_valid(k, req, r) for (k, req), r in zip(rows, out_fast)]
     n_ok = sum(ok for ok, _ in checks)
     rate = n_ok / len(reqs)
     steps = [len(r.token_ids) for r in out_fast]
