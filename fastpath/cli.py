@@ -151,6 +151,9 @@ def verify(
     only: Optional[str] = typer.Option(None, "--only", help="run only these suites: SUITE[,SUITE]"),
     resume: Optional[Path] = typer.Option(None, "--resume", help="continue the run in this directory"),
     key: Optional[Path] = typer.Option(None, "--key", help="sign the bundle with this private key"),
+    jobs: Optional[int] = typer.Option(None, "--jobs", min=1,
+                                       help="suites at once, each in its own process (default: 2 on the "
+                                            "CPU tier where there are 2 cores, 1 on the full tier)"),
     suites_dir: Optional[Path] = typer.Option(None, "--suites-dir", hidden=True, help="suites directory (tests)"),
 ) -> None:
     """Run the suites, evaluate the gates, write the bundle (signed with --key).
@@ -164,7 +167,7 @@ def verify(
     tier = tier.value
     if resume is not None and out is not None and Path(out) != Path(resume):
         raise UsageError("--out and --resume name different directories", "pass only --resume DIR")
-    opts = VerifyOptions(spec=spec, tier=tier, out=out, resume=resume, key=key, suites_dir=suites_dir,
+    opts = VerifyOptions(spec=spec, tier=tier, out=out, resume=resume, key=key, suites_dir=suites_dir, jobs=jobs,
                          only=[s.strip() for s in only.split(",") if s.strip()] if only else None)
     console = Console()
     result = run_verify(opts, console)

@@ -72,6 +72,9 @@ class KernelEntry(Protocol):
     understood by make_inputs ("normal", "large", "near_zero", "ties", "masked_inf", ...).
     atol_floor: {dtype name: float}. k: noise-floor multiplier. deterministic: repeat must be
     bitwise equal. kernel_patterns: regexes of GPU kernel names this kernel launches.
+    Optional: boundary_shapes, shapes at the tuning table's bucket and tile edges (both sides of
+    a bucket's batch limit, partial tiles) that every tier runs, the smoke tier beside its pick
+    of ``shapes``. A shape with ``steps`` > 1 runs that many consecutive calls, state carried.
     """
 
     name: str
@@ -161,7 +164,10 @@ class Engine(Protocol):
         """{"device": "cpu"|"cuda", "arch": "sm_90"|"cpu", "device_name": str,
         "model_config": str, "dtype": str, "triton_interpreter": bool, ...}; optionally
         "switch": {"key": str, "value": str}, the switch its fast path answers to (named in
-        the coverage gate's message when the spec's switch does not engage it)."""
+        the coverage gate's message when the spec's switch does not engage it), and
+        "batch_buckets": [int], the batch sizes at which the fast path's tuning changes a
+        choice on this device (the largest batch of each bucket but the last): parity and the
+        kernels suite's smoke selection run a batch on both sides of each."""
         ...
 
     def load(self, path: str, *, additional_config: Mapping[str, str] | None = None) -> Model:

@@ -93,8 +93,9 @@ class ItemRecord:
 class FastpathSession:
     """Per-pytest-session state: spec, tier, plan, the row sink and per-item records."""
 
-    def __init__(self, spec: Spec, tier: Tier, plan: Plan, rows_path: Path | None, suite: str | None) -> None:
-        self.spec, self.tier, self.plan, self.suite = spec, tier, plan, suite
+    def __init__(self, spec: Spec, tier: Tier, plan: Plan, rows_path: Path | None, suite: str | None,
+                 shard: tuple[int, int] = (0, 1)) -> None:
+        self.spec, self.tier, self.plan, self.suite, self.shard = spec, tier, plan, suite, shard
         self.writer = RowWriter(rows_path) if rows_path else None
         self.rows: list[dict] = []  # kept in memory too (tests, progress)
         self.items: dict[str, ItemRecord] = {}
@@ -113,6 +114,14 @@ class FastpathSession:
     def suite_of(self, module_path: Path) -> str:
         return self.suite or module_path.stem.removeprefix("test_")
 
+    def in_shard(self, suite: str, case_id: str) -> bool:
+        """Whether this session runs the case (every case of the suite belongs to one shard)."""
+        i, n = self.shard
+        if n == 1:
+            return True
+        ids = [c.case_id for c in [*self.plan.cases, *(w.case for w in self.plan.waivers)] if c.suite == suite]
+        return ids.index(case_id) % n == i
+
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
@@ -130,6 +139,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--fastpath-suite", help="suite name (default: from the module name test_<suite>.py)")
     group.addoption("--fastpath-artifacts", help="folder a suite may write result files into (they travel "
                     "with the bundle under logs/artifacts/; e.g. perf's summary table)")
+    group.addoption("--fastpath-shard", default="0/1", help="I/N: run only the suite's cases at positions "
+                    "I, I + N, I + 2N, ... of the plan (verify --jobs splits a long suite across workers)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -143,7 +154,17 @@ def pytest_configure(config: pytest.Config) -> None:
     plan = Plan.from_json(json.loads(Path(plan_path).read_text())) if plan_path else build_plan(spec, tier)
     rows = config.getoption("fastpath_rows")
     config.stash[STATE] = FastpathSession(spec, tier, plan, Path(rows) if rows else None,
-                                          config.getoption("fastpath_suite"))
+                                          config.getoption("fastpath_suite"), _shard(config.getoption("fastpath_shard")))
+
+
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in str(text).split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"--fastpath-shard {text!r}: expected I/N, e.g. 0/2") from None
+    if not 0 <= i < n:
+        raise pytest.UsageError(f"--fastpath-shard {text!r}: I must be 0 ..= N-1")
+    return i, n
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -184,16 +205,30 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Without --fastpath-suite, the suite whose engine options fp_engine uses is the one suite
-    module collected; several suites in one session share one engine, so none may have its own."""
+    module collected (several suites in one session share one engine, so none may have its own);
+    ``--fastpath-shard I/N``: keep this shard's cases (helper tests without a case: shard 0)."""
     state = config.stash.get(STATE, None)
-    if state is None or state.suite is not None:
+    if state is None:
         return
-    suites = {state.suite_of(Path(str(i.path))) for i in items if i.get_closest_marker("fastpath")}
-    if len(suites) == 1:
-        state.suite = suites.pop()
-    elif suites & set(state.tier.suite_engine_options):
-        raise pytest.UsageError(f"suites {', '.join(sorted(suites))} collected in one session, and the tier gives "
-                                "some of them engine options of their own: run each with --fastpath-suite")
+    if state.suite is None:
+        suites = {state.suite_of(Path(str(i.path))) for i in items if i.get_closest_marker("fastpath")}
+        if len(suites) == 1:
+            state.suite = suites.pop()
+        elif suites & set(state.tier.suite_engine_options):
+            raise pytest.UsageError(f"suites {', '.join(sorted(suites))} collected in one session, and the tier gives "
+                                    "some of them engine options of their own: run each with --fastpath-suite")
+    if state.shard[1] == 1:
+        return
+    keep, drop = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        case = callspec.params.get("case") if callspec else None
+        mine = (state.in_shard(state.suite_of(Path(str(item.path))), case["case_id"]) if case
+                else state.shard[0] == 0)
+        (keep if mine else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 def _item_record(item: pytest.Item) -> ItemRecord:

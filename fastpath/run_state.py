@@ -9,7 +9,7 @@ from typing import Any
 
 from fastpath.errors import UsageError
 from fastpath.plan import Plan
-from fastpath.results import read_rows, write_json_atomic
+from fastpath.results import RowWriter, make_row, read_rows, write_json_atomic
 
 
 class RunState:
@@ -40,14 +40,14 @@ class RunState:
             raise _torn(path, "attested is not an object")
         return info
 
-    def rows_path(self, suite: str) -> Path:
-        return self.root / "rows" / f"{suite}.jsonl"
+    def rows_path(self, suite: str, shard: tuple[int, int] = (0, 1)) -> Path:
+        return self.root / "rows" / f"{shard_name(suite, shard)}.jsonl"
 
-    def log_path(self, suite: str) -> Path:
-        return self.root / "logs" / f"{suite}.log"
+    def log_path(self, suite: str, shard: tuple[int, int] = (0, 1)) -> Path:
+        return self.root / "logs" / f"{shard_name(suite, shard)}.log"
 
-    def marker(self, suite: str) -> dict | None:
-        path = self.root / "done" / f"{suite}.json"
+    def marker(self, suite: str, shard: tuple[int, int] = (0, 1)) -> dict | None:
+        path = self.root / "done" / f"{shard_name(suite, shard)}.json"
         if not path.is_file():
             return None
         marker = self._load(path)
@@ -55,8 +55,42 @@ class RunState:
             raise _torn(path, "not a completion marker")
         return marker
 
-    def mark(self, suite: str, status: str, **info: Any) -> None:
-        write_json_atomic({"suite": suite, "status": status, **info}, self.root / "done" / f"{suite}.json")
+    def mark(self, suite: str, status: str, shard: tuple[int, int] = (0, 1), **info: Any) -> None:
+        write_json_atomic({"suite": suite, "status": status, **info},
+                          self.root / "done" / f"{shard_name(suite, shard)}.json")
+
+    def forget(self, suite: str, shard: tuple[int, int] = (0, 1)) -> None:
+        """Before a suite (or shard) runs again: an interrupted attempt's rows are not evidence,
+        and an old marker must not stand for this attempt (a worker that dies leaves none)."""
+        self.rows_path(suite, shard).unlink(missing_ok=True)
+        (self.root / "done" / f"{shard_name(suite, shard)}.json").unlink(missing_ok=True)
+
+    def crashed(self, suite: str, message: str, shard: tuple[int, int] = (0, 1)) -> None:
+        """A suite (or shard) that could not run: one error row says why; its cases end up 'no result'."""
+        with RowWriter(self.rows_path(suite, shard)) as writer:
+            writer.write(make_row(suite, f"{suite}/suite", "", "suite", status="error", message=message))
+        self.mark(suite, "crashed", shard, message=message)
+
+    def merge_shards(self, suite: str, n: int) -> list[dict | None]:
+        """The suite's rows, log and marker from its ``n`` shards' (rows and logs in shard order,
+        "done" iff every shard was; the shard files removed); returns the shards' markers."""
+        shards = [(i, n) for i in range(n)]
+        markers = [self.marker(suite, sh) for sh in shards]
+        rows, log = self.rows_path(suite), self.log_path(suite)
+        rows.write_text("".join(p.read_text(encoding="utf-8") for sh in shards
+                                if (p := self.rows_path(suite, sh)).is_file()), encoding="utf-8")
+        log.write_text("".join(f"== shard {i + 1} of {n}\n" + (p.read_text(encoding="utf-8") if p.is_file() else "")
+                               for i, sh in enumerate(shards) for p in [self.log_path(suite, sh)]), encoding="utf-8")
+        for sh in shards:
+            for path in (self.rows_path(suite, sh), self.log_path(suite, sh),
+                         self.root / "done" / f"{shard_name(suite, sh)}.json"):
+                path.unlink(missing_ok=True)
+        crashed = [m for m in markers if (m or {}).get("status") != "done"]
+        if crashed:
+            self.mark(suite, "crashed", message=(crashed[0] or {}).get("message") or "a shard never finished")
+        else:
+            self.mark(suite, "done", pytest_exit=max(m["pytest_exit"] for m in markers), shards=n)
+        return markers
 
     def suite_state(self, plan: Plan) -> dict[str, str]:
         return {s: (self.marker(s) or {}).get("status", "not_run") for s in plan.suites}
@@ -75,6 +109,12 @@ class RunState:
                     raise _torn(path, "a line is not a result row")
                 rows += suite_rows
         return rows
+
+
+def shard_name(suite: str, shard: tuple[int, int]) -> str:
+    """A suite's file stem, or one shard's (``verify --jobs`` splits long suites)."""
+    i, n = shard
+    return suite if n == 1 else f"{suite}.shard-{i + 1}-of-{n}"
 
 
 def _torn(path: Path, detail: str) -> UsageError:

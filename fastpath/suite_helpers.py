@@ -161,23 +161,3 @@ def scope_batch_sizes(spec: Any, tier: Any) -> list[int]:
 def scope_max_batch(spec: Any, tier: Any) -> int:
     """The fast path's largest declared batch (spec scope; the tier only slices what it tests)."""
     return scope_batch_sizes(spec, tier)[-1]
-
-
-def oracle_discordant(fast: Any, standard: Any, oracle: Any) -> int:
-    """Positions (rows of [n, vocab] logits) where exactly one of fast and standard has the
-    oracle's top-1 token: the pairs that decide a paired comparison of their agreements."""
-    import numpy as np
-
-    top = np.asarray(oracle).argmax(axis=-1)
-    return int(((np.asarray(fast).argmax(axis=-1) == top) != (np.asarray(standard).argmax(axis=-1) == top)).sum())
-
-
-def oracle_agreement_threshold(floor: float, n: int, min_agreement: float, discordant: int = 0) -> tuple[float, float]:
-    """(threshold, margin) for top-1(fast) == top-1(oracle) over n positions, given the
-    standard path's own agreement with the oracle (``floor``): min_agreement when the floor
-    reaches it, else the floor minus two standard errors of the paired difference under "no
-    difference", 2 sqrt(max(discordant, 1)) / n (suites/test_parity.py says why)."""
-    if n <= 0 or math.isnan(floor):
-        return min_agreement, 0.0
-    margin = 2.0 * math.sqrt(max(discordant, 1)) / n
-    return (min_agreement, margin) if floor >= min_agreement else (floor - margin, margin)

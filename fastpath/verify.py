@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import signal
 import sys
 import threading
@@ -34,7 +35,7 @@ from typing import Any
 from fastpath.errors import FastpathError, UsageError
 from fastpath.gates import Verdict, evaluate
 from fastpath.plan import Plan, build_plan
-from fastpath.results import make_row, read_rows, rows_frame, write_json_atomic
+from fastpath.results import read_rows, rows_frame, write_json_atomic
 from fastpath.run_state import RunState
 from fastpath.spec import Spec, load_spec
 
@@ -52,6 +53,7 @@ class VerifyOptions:
     resume: Path | None = None
     key: Path | None = None
     suites_dir: Path | None = None
+    jobs: int | None = None  # suites run at once (None: default_jobs)
     argv: list[str] = field(default_factory=lambda: list(sys.argv))
 
 
@@ -187,7 +189,7 @@ def _verify(opts: VerifyOptions, console: Any = None) -> VerifyResult:
 
     interrupted = False
     try:
-        _run_suites(todo, spec, plan, state, suites_dir, console)
+        _run_suites(todo, spec, plan, state, suites_dir, console, opts.jobs or default_jobs(plan.tier))
     except (Interrupted, KeyboardInterrupt):
         interrupted = True
 
@@ -299,44 +301,69 @@ def _selected_suites(plan: Plan, only: list[str] | None) -> list[str]:
     return [s for s in plan.suites if s in only]
 
 
-def _run_suites(todo: list[str], spec: Spec, plan: Plan, state: RunState, suites_dir: Path, console: Any) -> None:
+def default_jobs(tier: str) -> int:
+    """Suites at once: the CPU (smoke) tier is Triton's interpreter, one core per suite, so two
+    where there are two cores; the full tier shares one GPU: one at a time."""
+    return 1 if tier == "full" else max(1, min(2, os.cpu_count() or 1))
+
+
+def _run_suites(todo: list[str], spec: Spec, plan: Plan, state: RunState, suites_dir: Path, console: Any,
+                jobs: int = 1) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from fastpath import suite_workers
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as progress:
         overall = progress.add_task("suites", total=len(todo))
-        for suite in todo:
+        tasks: dict[str, Any] = {}
+
+        def start(suite: str) -> tuple[Any, Any]:
             cases, waivers = plan.for_suite(suite)
-            task = progress.add_task(f"  {suite}", total=len(cases) + len(waivers))
+            tasks[suite] = progress.add_task(f"  {suite}", total=len(cases) + len(waivers))
             console.print(f"[bold]{suite}[/]: {len(cases)} cases, {len(waivers)} waived by the plan")
-            _run_one_suite(suite, spec, plan, state, suites_dir, progress.console,
-                           lambda: progress.advance(task))
-            progress.update(task, completed=len(cases) + len(waivers))
+            return (lambda line: progress.console.print(line, highlight=False, markup=False, soft_wrap=True),
+                    lambda: progress.advance(tasks[suite]))
+
+        def ended(suite: str) -> None:
+            progress.update(tasks[suite], completed=progress.tasks[tasks[suite]].total)
             progress.advance(overall)
+
+        cases = {s: sum(map(len, plan.for_suite(s))) for s in todo}
+        if jobs > 1 and len(suite_workers.units(suite_workers.waves(todo)[0], jobs, cases)) > 1:
+            if not suite_workers.run(todo, jobs, cases, state, suites_dir, start, ended):
+                raise Interrupted("a suite was interrupted")
+            return
+        for suite in todo:
+            _, on_case = start(suite)
+            _run_one_suite(suite, spec, plan, state, suites_dir, progress.console, on_case)
+            ended(suite)
 
 
 def _run_one_suite(suite: str, spec: Spec, plan: Plan, state: RunState, suites_dir: Path, console: Any,
-                   on_case: Any) -> None:
+                   on_case: Any, shard: tuple[int, int] = (0, 1)) -> None:
+    """The suite (or one ``shard`` = (i, n) of its cases) in its own ``pytest.main``."""
     import pytest
 
-    rows_path = state.rows_path(suite)
+    rows_path = state.rows_path(suite, shard)
     rows_path.parent.mkdir(parents=True, exist_ok=True)
-    rows_path.unlink(missing_ok=True)  # an interrupted attempt's rows are not evidence
+    state.forget(suite, shard)
     module = suites_dir / f"test_{suite}.py"
     if not module.is_file():
-        _suite_crashed(state, suite, f"no suite module {module}")
+        state.crashed(suite, f"no suite module {module}", shard)
         console.print(f"[red]{suite}: no suite module {module}[/]")
         return
-    ini = state.root / "pytest.ini"  # isolates suites from the host project's pytest settings
+    ini = state.root / f"pytest-{rows_path.stem}.ini"  # isolates suites from the host project's pytest settings
     ini.write_text("[pytest]\n")
     args = [str(module), "-c", str(ini), "--rootdir", str(suites_dir), "--confcutdir", str(suites_dir),
             "-p", "fastpath.pytest_plugin", "-p", "no:cacheprovider", "--import-mode=importlib",
             "--capture=sys", "-q", "-rfEs", "--tb=short", "--no-header",
             "--fastpath-spec", str(spec.path), "--fastpath-tier", plan.tier,
             "--fastpath-plan", str(state.root / "plan.json"), "--fastpath-rows", str(rows_path),
-            "--fastpath-suite", suite, "--fastpath-artifacts", str(state.root / "logs" / "artifacts")]
+            "--fastpath-suite", suite, "--fastpath-artifacts", str(state.root / "logs" / "artifacts"),
+            "--fastpath-shard", f"{shard[0]}/{shard[1]}"]
     hook = ProgressHook(rows_path, console, on_case)
-    log_path = state.log_path(suite)
+    log_path = state.log_path(suite, shard)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     before = set(sys.modules)
     from fastpath.progress import reporting_to
@@ -355,9 +382,9 @@ def _run_one_suite(suite: str, spec: Spec, plan: Plan, state: RunState, suites_d
     if hook.interrupted:
         raise Interrupted(suite)
     if code in PYTEST_FINISHED:
-        state.mark(suite, "done", pytest_exit=code)
+        state.mark(suite, "done", shard, pytest_exit=code)
     else:
-        _suite_crashed(state, suite, f"pytest exit code {code} (collection or internal error); see logs/{suite}.log")
+        state.crashed(suite, f"pytest exit code {code} (collection or internal error); see logs/{suite}.log", shard)
         console.print(f"[red]{suite}: could not run (pytest exit {code}); see {log_path}[/]")
 
 
@@ -368,15 +395,6 @@ def _forget_suite_modules(before: set[str], suites_dir: Path) -> None:
         file = getattr(sys.modules[name], "__file__", None)
         if file and Path(file).resolve().is_relative_to(root):
             del sys.modules[name]
-
-
-def _suite_crashed(state: RunState, suite: str, message: str) -> None:
-    """A suite that could not run: one error row says why; its cases end up 'no result'."""
-    from fastpath.results import RowWriter
-
-    with RowWriter(state.rows_path(suite)) as writer:
-        writer.write(make_row(suite, f"{suite}/suite", "", "suite", status="error", message=message))
-    state.mark(suite, "crashed", message=message)
 
 
 def _finish(spec: Spec, plan: Plan, state: RunState, repo_root: Path, opts: VerifyOptions, console: Any,

@@ -2,7 +2,8 @@
 
 For every kernel entry of ``engine.kernels()`` (the plan's ``kernel`` cases: one kernel, or the
 whole registry when the case names none, per dtype of the tier), over its shapes (smoke tier:
-first, last and odd/edge shapes; full tier: all) and value classes:
+first, last and odd/edge shapes; full tier: all) plus its ``boundary_shapes`` (both sides of
+the tuning table's bucket edges, partial tiles: every tier) and value classes:
 
 kernels_noise_floor   err(fast) <= tol, err = max |x - oracle| (non-finite oracle entries must
                       be matched exactly), tol = max(atol_floor[dtype], k * err(standard)); k
@@ -164,7 +165,8 @@ def test_kernel(case, fp_engine, fp_tier, fp_gate, record, waive):
         dtype_k = run_dtype
         declared = float(getattr(e, "atol_floor", {}).get(dtype_k, 0.0) or 0.0)
         floor = max(float(gate_floor.get(dtype_k, 0.0)), declared)
-        shapes = select_shapes(list(e.shapes), tier)
+        picked = select_shapes(list(e.shapes), tier)
+        shapes = picked + [b for b in getattr(e, "boundary_shapes", None) or [] if b not in picked]
         started = time.monotonic()
         nonfinite: list[dict] = []
         det_worst, jit_worst = 0.0, 0.0

@@ -5,6 +5,7 @@ the reason; where the DSL is installed, the kernel is compiled (no GPU needed) a
 checked for 16-byte vector loads and warp shuffles. Numerics need a CUDA device (skipped here,
 with the reason; the GPU script lab/gpu_attn_check.py measures them)."""
 
+import os
 import re
 import subprocess
 import sys
@@ -37,7 +38,8 @@ def test_importing_it_builds_no_triton_kernel():
     interpreter cannot be called from an interpreted kernel)."""
     code = ("import sys\nfrom optimized_model.k3.fast.kernels import cute_gemv\n"
             "print(sorted(m for m in sys.modules if m == 'triton' or m.endswith('kernels.pdl')))\n")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # not switched on yet
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip().splitlines()[-1] == "[]"
 

@@ -148,11 +148,33 @@ def test_kda_trace_and_entry():
     ev = rec.engaged("kda_decode")
     assert len(ev) == 1 and ev[0].detail == "triton_fused"
     assert ev[0].shape_dict()["batch"] == 2 and ev[0].shape_dict()["block_v"] == 8
-    e = kda.kernel_entry("cpu")
+    e, steps = kda.kernel_entry("cpu")
     assert e.component == "kda_decode" and e.dtypes == ["float16", "float32"]
     assert {s["batch"] for s in e.shapes} >= {1, 2, 4, 8, 16, 32, 64}
     assert set(e.value_classes) >= {"normal", "large", "near_zero"}
     assert all(__import__("re").fullmatch(p, "kda_decode_fused_kernel") for p in e.kernel_patterns)
+    assert steps.name == "kda_decode_steps" and steps.value_classes == ["long_memory"]
+    assert all(s["steps"] >= 32 and s["heads"] >= 2 for s in steps.shapes)
+
+
+def test_kda_multi_step_carries_the_state_from_step_to_step():
+    """A ``steps`` case is the one-step kernel applied in turn, each step fed its own inputs and
+    the previous step's states; its gates come from the model's ranges (long memory)."""
+    shape = dict(batch=2, heads=2, head_k=16, head_v=16, rank=8, steps=3)
+    inp = kda.make_inputs(shape, "long_memory", torch.float32, "cpu", seed=3)
+    out, state, cq, ck, cv = kda.fast(**inp)
+    assert out.shape == (3, 2, 32)
+    carried = {k: inp[k] for k in ("conv_q", "conv_k", "conv_v", "state")}
+    fg_a, f_b, g_b = inp["low_rank"]
+    for t in range(3):
+        one = {k: v for k, v in inp.items() if k != "steps"}
+        one.update({k: inp[k][t] for k in ("q", "k", "v", "b")}, low_rank=(fg_a[t], f_b, g_b), **carried)
+        o_t, *states = kda.fast(**one)
+        assert torch.equal(o_t, out[t])
+        carried = dict(zip(("state", "conv_q", "conv_k", "conv_v"), states))
+    assert torch.equal(carried["state"], state) and torch.equal(carried["conv_v"], cv)
+    g = -5 * torch.sigmoid(inp["A_log"].exp().repeat_interleave(16) * inp["dt_bias"])
+    assert (g > -0.005).any() and (g < -1).any()  # long-memory and fast-decaying channels both
 
 
 @pytest.mark.parametrize("value_class", ["large", "near_zero"])
@@ -160,7 +182,7 @@ def test_kda_trace_and_entry():
 def test_kda_entry_noise_floor(value_class, rank):
     """fast within max(atol floor, k x standard's error) of the oracle (the kernel suite's rule),
     with f and gate given and formed in the kernel (rank)."""
-    e = kda.kernel_entry("cpu")
+    e = kda.kernel_entry("cpu")[0]
     shape = next(s for s in e.shapes if s.get("block_v") and s.get("rank", 0) == rank and s["heads"] == 3)
     inp = e.make_inputs(shape, value_class, "float16", "cpu", 7)
     fast, std, ora = e.fast(**inp), e.standard(**inp), e.oracle(**inp)

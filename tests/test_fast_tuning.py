@@ -71,3 +71,26 @@ def test_a_file_that_is_not_json_is_named(tmp_path):
     path.write_text('{"device": "x", "kernels": {')
     with pytest.raises(TableError, match=r"^tuning table broken\.json: not JSON"):
         tuning.load_table(path)
+
+
+def test_batch_boundaries_are_every_bucket_edge_but_each_kernels_last(monkeypatch):
+    tabs = tuning.tables()
+    monkeypatch.setattr(tuning, "table_for", lambda device=None: tabs["NVIDIA H200"])
+    assert tuning.batch_boundaries("cuda") == [1, 2, 4, 8, 16, 32]
+    assert tuning.batch_boundaries("cuda", "gemv") == [1, 2, 4, 16, 32]
+    monkeypatch.setattr(tuning, "table_for", lambda device=None: tabs[tuning.CPU_DEVICE])
+    assert tuning.batch_boundaries("cpu") == [1, 2, 8]
+
+
+def test_gemv_boundary_shapes_cross_every_gemv_bucket_with_partial_tiles(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from optimized_model.k3.fast.kernels import gemv as G
+
+    shapes = G.tiling_shapes("cpu")
+    edges = tuning.batch_boundaries("cpu", "gemv")
+    assert sorted(s["M"] for s in shapes) == sorted({m for b in edges for m in (b, b + 1)})
+    for s in shapes:
+        cfg = tuning.lookup("gemv", s["M"], device="cpu", N=s["N"], K=s["K"])
+        bn, bk, split = cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]
+        assert s["N"] > bn and s["N"] % bn, (s, bn)  # several N tiles, the last one partial
+        assert s["K"] > 2 * bk * split - 1 and s["K"] % bk, (s, bk)  # several K steps per split, the last partial

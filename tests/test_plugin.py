@@ -13,9 +13,10 @@ DOUBLES = Path(__file__).parent / "doubles" / "stub"
 SPEC = DOUBLES / "spec.toml"
 
 
-def run_suite(tmp_path: Path, body: str, suite: str = "coverage") -> tuple[int, list[dict]]:
+def run_suite(tmp_path: Path, body: str, suite: str = "coverage", *extra: str) -> tuple[int, list[dict]]:
     """Run ``body`` as a suite module under the plugin; return pytest's exit code and the rows."""
     name = f"test_{suite}_{uuid.uuid4().hex[:8]}"  # unique: pytest caches modules by name
+    tmp_path.mkdir(parents=True, exist_ok=True)
     module = tmp_path / f"{name}.py"
     module.write_text("import pytest\n" + textwrap.dedent(body))
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
@@ -24,7 +25,7 @@ def run_suite(tmp_path: Path, body: str, suite: str = "coverage") -> tuple[int, 
     code = pytest.main([str(module), "-c", str(tmp_path / "pytest.ini"), "--rootdir", str(tmp_path),
                         "-p", "fastpath.pytest_plugin", "-p", "no:cacheprovider", "-q", "--capture=sys",
                         "--import-mode=importlib", "--fastpath-spec", str(SPEC), "--fastpath-tier", "smoke",
-                        "--fastpath-rows", str(rows), "--fastpath-suite", suite])
+                        "--fastpath-rows", str(rows), "--fastpath-suite", suite, *extra])
     for mod in set(sys.modules) - before:
         if name in mod:
             del sys.modules[mod]
@@ -42,6 +43,25 @@ def test_parametrized_from_plan_and_record(tmp_path):
     assert code == 0
     assert [(r["case_id"], r["status"], r["batch"], r["context"]) for r in rows] == [
         ("coverage/decode/b1-c16-d0", "pass", 1, 16), ("coverage/decode/b4-c16-d0", "fail", 4, 16)]
+
+
+def test_shards_split_the_suites_cases_between_them(tmp_path):
+    body = """
+        @pytest.mark.fastpath(kind="decode", gate="coverage_fast_path_fired")
+        def test_decode(case, record):
+            record("coverage_fast_path_fired", "ran", 1, threshold=1, comparator=">=")
+
+        @pytest.mark.fastpath(kind="fallback", gate="coverage_clean_fallback")
+        def test_fallback(case, record):
+            record("coverage_clean_fallback", "ran", 1, threshold=1, comparator=">=")
+    """
+    _, whole = run_suite(tmp_path / "all", body)
+    parts = [run_suite(tmp_path / f"s{i}", body, "coverage", "--fastpath-shard", f"{i}/2")[1] for i in range(2)]
+    ids = [sorted(r["case_id"] for r in rows) for rows in parts]
+    assert ids[0] and ids[1] and not set(ids[0]) & set(ids[1])
+    assert sorted(ids[0] + ids[1]) == sorted(r["case_id"] for r in whole)
+    code, _ = run_suite(tmp_path / "bad", body, "coverage", "--fastpath-shard", "2/2")
+    assert code == 4  # a usage error: I must be below N
 
 
 def test_exception_becomes_error_row_with_traceback_tail(tmp_path):

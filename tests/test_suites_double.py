@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -67,70 +68,60 @@ def test_smoke_shape_selection_keeps_edges_and_a_tail():
     assert kernels.select_shapes(shapes, "full") == shapes
 
 
-def test_parity_threshold_rule():
-    assert parity.agreement_threshold(1.0, 64, 0.99) == (0.99, pytest.approx(2 * math.sqrt(1 / 64 / 64)))
-    thr, margin = parity.agreement_threshold(0.95, 400, 0.99, discordant=25)
-    assert thr == pytest.approx(0.95 - 2 * 5 / 400) and margin == pytest.approx(0.025)
-    n_seq, g = parity.plan_sequences(64, 64, 64)
-    assert (n_seq, g) == (64, 1)
-    n_seq, g = parity.plan_sequences(32768, 2048, 64)
-    assert n_seq * g >= 2048 and n_seq <= 64
-    n_seq, g = parity.plan_sequences(32768, 2048, 64, max_prefill_tokens=131072)
-    assert (n_seq, g) == (4, 512)  # 4 prompts of 32k instead of 64
+def test_parity_top1_rule_is_an_exact_paired_test_no_single_flip_decides():
+    from fastpath.parity_rules import top1_verdict
+
+    ok = np.ones(100, dtype=bool)
+    one_flip = ok.copy()
+    one_flip[7] = False
+    v = top1_verdict(one_flip, ok, min_agreement=0.999, alpha=0.001)  # below min_agreement, yet:
+    assert v["passed"] and v["fast_only_wrong"] == 1 and v["p_value"] == 0.5
+    nine, ten = ok.copy(), ok.copy()
+    nine[:9], ten[:10] = False, False
+    assert top1_verdict(nine, ok, min_agreement=0.999, alpha=0.001)["passed"]
+    v = top1_verdict(ten, ok, min_agreement=0.999, alpha=0.001)
+    assert not v["passed"] and v["p_value"] < 0.001 and v["value"] < v["threshold"]
+    assert top1_verdict(ten, ok, min_agreement=0.9, alpha=0.001)["passed"]  # the cap
+    # flips on both sides cancel: the floor itself is noisy
+    std = ok.copy()
+    std[10:20] = False
+    assert top1_verdict(ten, std, min_agreement=0.999, alpha=0.001)["passed"]
 
 
-def test_parity_scores_each_bucket_in_a_ladder_of_batch_sizes():
+def test_parity_kl_slack_shrinks_with_the_positions():
+    from fastpath.parity_rules import kl_verdict
+
+    rng = np.random.default_rng(0)
+    floor = rng.exponential(1e-5, 4000)
+    honest = floor * rng.uniform(0.5, 2.0, 4000)
+    slacks = [kl_verdict(honest[:n], floor[:n], factor=3.0, alpha=0.001)["slack"] for n in (100, 400, 4000)]
+    assert slacks[0] > slacks[1] > slacks[2] > 0
+    assert kl_verdict(honest, floor, factor=3.0, alpha=0.001)["passed"]
+    assert not kl_verdict(4 * floor, floor, factor=3.0, alpha=0.001)["passed"]  # 4x the floor everywhere
+    # a broken path's scattered KL does not widen its own room: the slack is the floor's
+    scattered = np.where(np.arange(4000) % 50 == 0, 300 * floor, floor)
+    v = kl_verdict(scattered, floor, factor=3.0, alpha=0.001)
+    assert not v["passed"] and v["slack"] == kl_verdict(floor, floor, factor=3.0, alpha=0.001)["slack"]
+    assert not kl_verdict(np.array([1e-5, np.inf]), np.array([1e-5, 1e-5]), factor=3.0, alpha=0.001)["passed"]
+
+
+def test_parity_buckets_cross_every_tuning_boundary_and_run_a_long_horizon():
+    assert parity.crossing_batches([1, 2, 8], 64) == [1, 2, 3, 8, 9]
+    assert parity.crossing_batches([1, 2, 4, 8, 16, 32, 64], 64) == [1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64]
     scope = [1, 2, 4, 8, 16, 32, 64]
-    assert parity.batch_ladder(32, scope) == [1, 2, 4, 8, 16, 1]
-    assert parity.batch_ladder(4, scope) == [1, 2, 1]
-    assert parity.batch_ladder(1, scope) == [1]
-    assert parity.batch_ladder(130, [1, 2, 4, 8, 16, 32, 64]) == [1, 2, 4, 8, 16, 32, 64, 3]
-    assert parity.batch_ladder(7, [4]) == [4, 3]
-    for n in range(1, 200):
-        groups = parity.batch_ladder(n, scope)
-        assert sum(groups) == n and max(groups) <= 64
-
-
-def test_parity_bucket_reports_agreement_per_batch_size():
-    """A fast path that is wrong only at batch 2 shows it in that batch's evidence alone."""
-    V = 16
-
-    class Tok:
-        def encode(self, text, bos=False):
-            return ([1] if bos else []) + [3 + b % 10 for b in text.encode()]
-
-    class Gen:
-        def __init__(self, ids):
-            self.token_ids = ids
-
-    class Path:
-        tokenizer = Tok()
-
-        def __init__(self, wrong_at_batch=None):
-            self.wrong_at_batch = wrong_at_batch
-
-        def generate(self, reqs):
-            return [Gen([5] * r.max_tokens) for r in reqs]
-
-        def score(self, chunk, prefill_len):
-            out = []
-            for seq in chunk:
-                logits = torch.zeros(len(seq), V)
-                logits[torch.arange(len(seq)), torch.tensor(list(seq[1:]) + [0])] = 1.0
-                if len(chunk) == self.wrong_at_batch:
-                    logits[:, 0] = 2.0
-                out.append(logits)
-            return out
-
-    models = {"standard": Path(), "oracle": Path(), "fast": Path(wrong_at_batch=2)}
-    m = parity.bucket_compare(models, context=16, tokens=32, batch_sizes=[1, 2, 4])
-    assert m["batch_groups"] == [1, 2, 1]  # 4 sequences of 8 tokens
-    by = m["top1_by_batch"]
-    assert [v["positions"] for v in by.values()] == [16, 16] and m["n_positions"] == 32
-    assert by[2]["fast_standard"] == by[2]["fast_oracle"] == 0.0 and by[2]["standard_oracle"] == 1.0
-    assert by[1]["fast_standard"] == 1.0
-    assert m["top1_fast_standard"] == 0.5
-    assert m["oracle_discordant"] == 16  # the batch-2 rows: only the standard path matches the oracle
+    assert parity.ladder_sizes([1, 2, 8], scope, 64) == [1, 2, 3, 8, 9]
+    assert parity.ladder_sizes([], [1, 2, 4], 64) == [1, 2, 4]  # no buckets named: the scope's sizes
+    assert parity.ladder_sizes([1, 2, 4, 8, 16, 32], scope, 1024, 32768) == [1, 2, 3, 4, 5, 8, 9, 16, 17, 32]
+    assert parity.ladder_sizes([1, 2, 4, 8, 16, 32], scope, 32768, 32768) == [1]
+    # smoke: one 32-step continuation, the others share the rest of 100 positions
+    groups = parity.bucket_groups([1, 2, 3, 8, 9], 64, 100, 32)
+    assert groups[0] == (1, 32) and {s for _, s in groups[1:]} == {4}
+    assert sum(b * s for b, s in groups) >= 100
+    assert parity.bucket_groups([1, 2, 3, 8, 9], 16, 100, 32)[0] == (1, 8)  # at most half the context
+    assert parity.bucket_groups([1], 32768, 2048, 512) == [(1, 2048)]  # a lone group reaches the tokens
+    for ctx, sizes in ((1024, [1, 2, 3, 4, 5, 8, 9, 16, 17, 32]), (8192, [1, 2, 3, 4])):
+        groups = parity.bucket_groups(sizes, ctx, 2048, 512)
+        assert groups[0] == (1, 512) and sum(b * s for b, s in groups) >= 2048
 
 
 def test_score_teacher_forced_calls_the_model_once_per_group():

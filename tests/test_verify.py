@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from fastpath.cli import app
 from fastpath.errors import UsageError
+from fastpath.results import read_rows
 from fastpath.verify import VerifyOptions, verify
 
 DOUBLES = Path(__file__).parent / "doubles" / "stub"
@@ -118,6 +119,68 @@ def test_interrupted_run_is_never_signed_nor_passing_and_resumes(tmp_path, monke
     resumed = run(None, resume=tmp_path / "run", key=key)
     assert (resumed.exit_code, resumed.verdict) == (0, "pass")
     assert resumed.signed and (resumed.bundle_dir / "statement.dsse.json").is_file()
+
+
+def _rows(result) -> list[dict]:
+    frame = pd.read_parquet(next(result.bundle_dir.glob("results/*.parquet")))
+    return sorted(frame.drop(columns=["message"]).astype(str).to_dict("records"), key=str)
+
+
+def test_suites_in_worker_processes_write_what_one_process_writes(tmp_path):
+    spec = make_project(tmp_path / "p", mode="broken_fast")
+    serial = run(spec, out=tmp_path / "serial", jobs=1)
+    parallel = run(spec, out=tmp_path / "parallel", jobs=2)
+    assert (serial.exit_code, parallel.exit_code) == (1, 1)
+    assert _rows(serial) == _rows(parallel)
+    assert summary(parallel)["suites"] == {"coverage": "done", "kernels": "done"}
+    logs = tmp_path / "parallel" / "state" / "logs"
+    assert "passed" in (logs / "kernels.log").read_text() and (logs / "coverage.log").read_text()
+
+
+def test_a_suite_worker_that_dies_is_an_error_row_naming_its_exit_code(tmp_path, monkeypatch):
+    spec = make_project(tmp_path / "p")
+    monkeypatch.setenv("FASTPATH_DOUBLE_INTERRUPT", "die")  # the kernels worker exits 9 mid-suite
+    result = run(spec, out=tmp_path / "run", jobs=2)
+    assert (result.exit_code, result.verdict) == (1, "fail")
+    s = summary(result)
+    assert s["suites"] == {"coverage": "done", "kernels": "crashed"}
+    [row] = [r for r in s["failing_rows"] if r["case_id"] == "kernels/suite"]
+    assert "exited with code 9" in row["message"]
+
+
+def test_long_suites_start_first_and_timing_suites_run_alone_after_the_others():
+    from fastpath.suite_workers import waves
+
+    assert waves(["coverage", "kernels", "perf", "parity"]) == [["kernels", "parity", "coverage"], ["perf"]]
+    assert waves(["coverage", "kernels", "parity", "features"]) == [["features", "kernels", "parity", "coverage"]]
+    assert waves(["perf"]) == [["perf"]]
+
+
+def test_long_suites_run_as_shards_merged_back_into_one_suite(tmp_path):
+    from fastpath.run_state import RunState
+    from fastpath.suite_workers import units
+
+    assert units(["features", "coverage"], 2, {"features": 9, "coverage": 16}) == [
+        ("features", (0, 2)), ("features", (1, 2)), ("coverage", (0, 1))]
+    assert units(["parity"], 2, {"parity": 1}) == [("parity", (0, 1))]
+    state = RunState(tmp_path)
+    for i, status in enumerate(("done", "done")):
+        state.rows_path("features", (i, 2)).parent.mkdir(parents=True, exist_ok=True)
+        state.rows_path("features", (i, 2)).write_text(f'{{"case_id": "features/x/{i}", "status": "pass"}}\n')
+        state.log_path("features", (i, 2)).parent.mkdir(parents=True, exist_ok=True)
+        state.log_path("features", (i, 2)).write_text(f"log {i}\n")
+        state.mark("features", status, (i, 2), pytest_exit=i)
+    state.merge_shards("features", 2)
+    assert [r["case_id"] for r in read_rows(state.rows_path("features"))] == ["features/x/0", "features/x/1"]
+    assert "log 0" in state.log_path("features").read_text() and state.marker("features")["status"] == "done"
+    assert sorted(p.name for p in (tmp_path / "state" / "rows").iterdir()) == ["features.jsonl"]
+    state.mark("coverage", "done", (0, 2), pytest_exit=0)  # from an interrupted attempt
+    state.forget("coverage", (0, 2))
+    assert state.marker("coverage", (0, 2)) is None
+    state.mark("parity", "crashed", (1, 2), message="shard 2 died")
+    state.mark("parity", "done", (0, 2), pytest_exit=0)
+    state.merge_shards("parity", 2)
+    assert state.marker("parity") == {"suite": "parity", "status": "crashed", "message": "shard 2 died"}
 
 
 def test_resume_refuses_a_changed_spec_and_out_refuses_reuse(tmp_path):

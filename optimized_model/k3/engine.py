@@ -182,7 +182,16 @@ class EmbeddedEngine:
             "cpu_threads": torch.get_num_threads(),
             "switch": self._own_switch(),
             "standard_compile": self.standard_compile,
+            "batch_buckets": self._batch_buckets(),
         }
+
+    def _batch_buckets(self) -> list[int]:
+        """Where the fast path's tuning table for this device changes a choice (fast/tuning)."""
+        try:
+            from .fast import tuning
+        except Exception:
+            return []
+        return tuning.batch_boundaries(self.device)
 
     def _graphs_on(self) -> bool:
         return self.device.type == "cuda" if self.use_graphs is None else bool(self.use_graphs)

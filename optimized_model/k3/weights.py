@@ -51,6 +51,11 @@ from .config import K3Config
 
 LM_HEAD_GAIN = 3.0
 FP32_NAMES = ("A_log", "dt_bias", "router", "router_bias")
+# KDA decay parameters, uniform in these ranges: dt_bias down to -8 gives long-memory channels
+# (g ~ -0.002, forget gate ~0.998), up to 1 fast-decaying ones; the kernels suite draws its
+# long-horizon inputs from the same ranges (fast/kernels/kda_decode.py)
+KDA_A_LOG_INIT = (-0.5, 0.5)
+KDA_DT_BIAS_INIT = (-8.0, 1.0)
 
 
 def init_weights(cfg: K3Config, *, device="cpu", dtype=torch.float32, round_dtype=None, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -90,8 +95,8 @@ def init_weights(cfg: K3Config, *, device="cpu", dtype=torch.float32, round_dtyp
             normal(p + "conv", 3 * d, cfg.kda_conv, std=cfg.kda_conv ** -0.5)
             normal(p + "f_a", r, h, std=h ** -0.5)
             normal(p + "f_b", d, r, std=0.5 * r ** -0.5)
-            uniform(p + "A_log", H, lo=-0.5, hi=0.5)
-            uniform(p + "dt_bias", d, lo=-8.0, hi=1.0)
+            uniform(p + "A_log", H, lo=KDA_A_LOG_INIT[0], hi=KDA_A_LOG_INIT[1])
+            uniform(p + "dt_bias", d, lo=KDA_DT_BIAS_INIT[0], hi=KDA_DT_BIAS_INIT[1])
             normal(p + "b_proj", H, h, std=h ** -0.5)
             normal(p + "g_a", r, h, std=h ** -0.5)
             normal(p + "g_b", d, r, std=r ** -0.5)

@@ -9,7 +9,8 @@ nothing.
   "broken_fast"      the fast path silently does not fire at batch 4 (the PR #53396 trap);
   "kernel_raises"    the kernel's fast call raises (an error row, not a crash);
 Set FASTPATH_DOUBLE_INTERRUPT=1 to make the kernel's fast call raise KeyboardInterrupt (Ctrl-C
-mid-run), or =term to send this process SIGTERM; an environment variable, not a mode, so the same spec can be resumed afterwards.
+mid-run), =term to send this process SIGTERM, or =die to end it at once (exit 9, no clean-up: a
+suite worker that crashes); an environment variable, not a mode, so the same spec can be resumed afterwards.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ class DoubleKernel:
             raise KeyboardInterrupt
         if interrupt == "term":  # a time limit killing the run
             os.kill(os.getpid(), signal.SIGTERM)
+        if interrupt == "die":
+            os._exit(9)
         return [2.0 * v for v in x]
 
     def oracle(self, x: list[float]) -> list[float]:

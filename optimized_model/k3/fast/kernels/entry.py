@@ -12,6 +12,8 @@ Fields (see ``fastpath.engine.KernelEntry``):
   oracle           oracle(**inputs): fp32 torch reference
   make_inputs      make_inputs(shape: dict, value_class: str, dtype, device, seed) -> dict
   shapes           list of shape dicts (scope batch sizes + edge shapes)
+  boundary_shapes  shapes at the tuning table's bucket and tile edges, run on every tier (the
+                   smoke tier runs them beside its pick of ``shapes``)
   value_classes    names understood by make_inputs ("normal", "large", "near_zero", ...)
   dtypes           dtype names the kernel supports on this device
   atol_floor       {dtype name: absolute tolerance floor}
@@ -59,6 +61,7 @@ class KernelSpec:
     k: float = 2.0
     deterministic: bool = True
     kernel_patterns: list[str] = field(default_factory=list)
+    boundary_shapes: list[dict] = field(default_factory=list)
 
 
 # Alias: some modules read better with the protocol's name.

@@ -387,6 +387,22 @@ _VARIANTS = {  # registry entry name -> (epilogue, norm prologue, slots, SwiGLU 
 }
 
 
+def tiling_shapes(device=None) -> list[dict]:
+    """Shapes on both sides of every batch bucket edge of the gemv table in use (M = b, b + 1),
+    each with more than one N tile and a partial last one, and more than one K step per split
+    with a partial last one, at the tiles that bucket chooses."""
+    from .. import tuning
+
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    shapes = []
+    for M in sorted({m for b in tuning.batch_boundaries(dev, "gemv") for m in (b, b + 1)}):
+        cfg = tuning.lookup("gemv", M, device=dev)
+        bn, bk = int(cfg["BLOCK_N"]), int(cfg["BLOCK_K"])
+        N, K = 2 * bn - 7, 2 * bk * max(1, int(cfg.get("max_split", cfg.get("SPLIT_K", 1)))) + 24
+        shapes.append({"M": M, "N": N, "K": K})
+    return shapes
+
+
 def _make_entry(name: str, epilogue: str, norm: bool, slots: int, glu: bool, device=None) -> KernelSpec:
     def make_inputs(shape, value_class="normal", dtype=torch.float16, device="cpu", seed=0):
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
@@ -428,6 +444,8 @@ def _make_entry(name: str, epilogue: str, norm: bool, slots: int, glu: bool, dev
         fast=fast, standard=standard, oracle=oracle, make_inputs=make_inputs, shapes=shapes,
         value_classes=["normal", "large", "near_zero"], dtypes=default_dtypes(device),
         kernel_patterns=[r"^fp_gemv_kernel"],
+        # the base entry carries the table's edges (the variants share its tiling code)
+        boundary_shapes=tiling_shapes(device) if name == "gemv" else [],
     )
 
 

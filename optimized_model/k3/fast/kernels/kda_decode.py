@@ -59,6 +59,7 @@ import triton.language as tl
 from fastpath import trace
 
 from . import _counters, pdl
+from ...weights import KDA_A_LOG_INIT, KDA_DT_BIAS_INIT
 from .entry import KernelSpec, default_dtypes
 from .pdl import pdl_enter
 
@@ -388,11 +389,41 @@ def _reference(inputs: dict, *, dtype: torch.dtype, use_fla: bool) -> tuple:
     return y.reshape(B, H * V), S, cq, ck, cv
 
 
+# per-step inputs: a multi-step case (``steps`` > 1) holds them as [steps, B, ...]
+_STEP_KEYS = ("q", "k", "v", "f", "b", "gate")
+
+
+def _steps(inputs: dict, one_step) -> tuple:
+    """Run ``one_step(inputs) -> (out, state, conv_q, conv_k, conv_v)`` over ``inputs["steps"]``
+    consecutive decode steps, each fed its own step's inputs and the previous step's states.
+    Returns (the steps' outputs stacked [steps, B, H*V], the final states)."""
+    n = int(inputs.get("steps", 1))
+    args = {k: v for k, v in inputs.items() if k != "steps"}
+    if n == 1:
+        return one_step(args)
+    outs = []
+    for t in range(n):
+        step = dict(args)
+        for key in _STEP_KEYS:
+            if inputs.get(key) is not None:
+                step[key] = inputs[key][t]
+        if inputs.get("low_rank") is not None:
+            fg_a, f_b, g_b = inputs["low_rank"]
+            step["low_rank"] = (fg_a[t], f_b, g_b)
+        out, args["state"], args["conv_q"], args["conv_k"], args["conv_v"] = one_step(step)
+        outs.append(out)
+    return (torch.stack(outs), args["state"], args["conv_q"], args["conv_k"], args["conv_v"])
+
+
 def oracle(**inputs) -> tuple:
     """fp32 torch: conv + SiLU, L2 norm, gate, fla ``naive_recurrent_kda``, RMSNorm + gate.
-    Returns (out [B, H*V] fp32, state, conv_q, conv_k, conv_v); inputs are not modified."""
-    y, S, cq, ck, cv = _reference(inputs, dtype=torch.float32, use_fla=False)
-    return y.float(), S, cq, ck, cv
+    Returns (out [B, H*V] fp32 -- [steps, B, H*V] for a multi-step case --, state, conv_q,
+    conv_k, conv_v); inputs are not modified."""
+    def one(step):
+        y, S, cq, ck, cv = _reference(step, dtype=torch.float32, use_fla=False)
+        return y.float(), S, cq, ck, cv
+
+    return _steps(inputs, one)
 
 
 def standard(**inputs) -> tuple:
@@ -400,27 +431,35 @@ def standard(**inputs) -> tuple:
     (fla ``fused_recurrent_kda`` on CUDA, the torch recurrence on fp32 state on CPU)."""
     dtype = inputs["v"].dtype
     use_fla = inputs["v"].is_cuda
-    y, S, cq, ck, cv = _reference(inputs, dtype=dtype, use_fla=use_fla)
-    return y, S, cq, ck, cv
+    return _steps(inputs, lambda step: _reference(step, dtype=dtype, use_fla=use_fla))
 
 
 def fast(**inputs) -> tuple:
-    """The fused kernel on copies of the states; returns (out, state, conv_q, conv_k, conv_v)."""
-    args = dict(inputs)
-    for key in _STATE_KEYS:
-        args[key] = inputs[key].clone()
-    pos = [args.pop(n, None) for n in ("q", "k", "v", "f", "b", "gate", "conv_q", "conv_k", "conv_v",
-                                       "conv_wq", "conv_wk", "conv_wv", "A_log", "dt_bias", "state",
-                                       "norm_weight")]
-    out = kda_decode(*pos, **args)
-    return out, pos[14], pos[6], pos[7], pos[8]
+    """The fused kernel on copies of the states, step after step for a multi-step case; returns
+    (out, state, conv_q, conv_k, conv_v)."""
+    def one(step):
+        args = dict(step)
+        for key in _STATE_KEYS:
+            args[key] = step[key].clone()
+        pos = [args.pop(n, None) for n in ("q", "k", "v", "f", "b", "gate", "conv_q", "conv_k", "conv_v",
+                                           "conv_wq", "conv_wk", "conv_wv", "A_log", "dt_bias", "state",
+                                           "norm_weight")]
+        out = kda_decode(*pos, **args)
+        return out, pos[14], pos[6], pos[7], pos[8]
+
+    return _steps(inputs, one)
 
 
 def make_inputs(shape: dict, value_class: str = "normal", dtype: Any = torch.float32,
                 device: Any = "cpu", seed: int = 0) -> dict:
     """shape: {"batch", "heads", "head_k", "head_v", "conv_len" (SL, default 3), "width" (4),
-    "block_v" (optional)}. value classes: normal, large (x8 pre-activations, big state),
-    near_zero (tiny inputs and state)."""
+    "block_v" (optional), "rank" (optional: low-rank gates), "steps" (optional: consecutive
+    decode steps, states carried)}. Value classes: normal, large (x8 pre-activations, big
+    state), near_zero (tiny inputs and state), long_memory (the model's parameter ranges:
+    A_log and dt_bias as ``weights.init_weights`` draws them, so the channels range from long
+    memory -- forget gate ~0.998, the state carried across every step -- to fast decay;
+    unit-scale activations, f at the scale of the model's low-rank projection, a zero initial
+    state as after a fresh prompt)."""
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
     device = torch.device(device)
@@ -428,14 +467,20 @@ def make_inputs(shape: dict, value_class: str = "normal", dtype: Any = torch.flo
     B, H, K, V = shape["batch"], shape["heads"], shape["head_k"], shape["head_v"]
     W = shape.get("width", 4)
     SL = shape.get("conv_len", W - 1)
-    amp = {"normal": 1.0, "large": 8.0, "near_zero": 1e-3}[value_class]
+    S = int(shape.get("steps", 1))
+    step = (S,) if S > 1 else ()
+    amp = {"normal": 1.0, "large": 8.0, "near_zero": 1e-3, "long_memory": 1.0}[value_class]
 
     def r(*s, a=1.0, dt=dtype):
         return (torch.randn(*s, generator=g, device=device) * a).to(dt)
 
+    def u(n, bounds):
+        lo, hi = bounds
+        return (lo + (hi - lo) * torch.rand(n, generator=g, device=device)).float()
+
     inp = dict(
-        q=r(B, H * K, a=amp), k=r(B, H * K, a=amp), v=r(B, H * V, a=amp),
-        f=r(B, H * K, a=amp), b=r(B, H, a=amp), gate=r(B, H * V, a=amp),
+        q=r(*step, B, H * K, a=amp), k=r(*step, B, H * K, a=amp), v=r(*step, B, H * V, a=amp),
+        f=r(*step, B, H * K, a=amp), b=r(*step, B, H, a=amp), gate=r(*step, B, H * V, a=amp),
         conv_q=r(B, H * K, SL, a=amp), conv_k=r(B, H * K, SL, a=amp), conv_v=r(B, H * V, SL, a=amp),
         conv_wq=r(H * K, W, a=0.5), conv_wk=r(H * K, W, a=0.5), conv_wv=r(H * V, W, a=0.5),
         A_log=r(H, a=0.5, dt=torch.float32), dt_bias=r(H * K, a=0.5, dt=torch.float32),
@@ -443,16 +488,27 @@ def make_inputs(shape: dict, value_class: str = "normal", dtype: Any = torch.flo
         norm_weight=(1.0 + 0.1 * torch.randn(V, generator=g, device=device)).to(dtype),
         num_heads=H, head_k=K, head_v=V,
     )
+    if value_class == "long_memory":
+        inp["A_log"], inp["dt_bias"] = u(H, KDA_A_LOG_INIT), u(H * K, KDA_DT_BIAS_INIT)
+        inp["f"] = r(*step, B, H * K, a=0.5)
+        inp["state"].zero_()
+    if S > 1:
+        inp["steps"] = S
     if shape.get("block_v"):
         inp["block_v"] = shape["block_v"]
     if shape.get("rank"):  # f and gate from the low-rank projections, inside the kernel
         R = shape["rank"]
         del inp["f"], inp["gate"]
-        inp["low_rank"] = (r(B, 2 * R, a=amp), r(H * K, R, a=R ** -0.5), r(H * V, R, a=R ** -0.5))
+        f_scale = 0.5 if value_class == "long_memory" else 1.0
+        inp["low_rank"] = (r(*step, B, 2 * R, a=amp), r(H * K, R, a=f_scale * R ** -0.5), r(H * V, R, a=R ** -0.5))
     return inp
 
 
-def kernel_entry(device: Any = None) -> KernelSpec:
+def kernel_entry(device: Any = None) -> list[KernelSpec]:
+    """Two entries: ``kda_decode`` (one step over the shapes and value classes) and
+    ``kda_decode_steps`` (long horizon: many consecutive steps, state carried, on inputs from
+    the model's parameter ranges -- a state or decay kept in too low a precision drifts
+    slowly, within one step's tolerance, and shows only after many)."""
     on_cuda = str(device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
     if on_cuda:
         hk = dict(heads=32, head_k=128, head_v=128)
@@ -466,6 +522,9 @@ def kernel_entry(device: Any = None) -> KernelSpec:
                    # the fused low-rank gates (H200 table, batch 1), also with one V tile
                    dict(batch=1, rank=128, block_v=32, **hk), dict(batch=4, rank=128, block_v=128, **hk),
                    dict(batch=3, heads=3, head_k=96, head_v=80, rank=96)]
+        # the H200 table's batch-1 configuration (fused low-rank gates, V split) and a batch
+        # past the 16 bucket with separate gates, 256 steps each (~1 ms apiece on the GPU)
+        long = [dict(batch=1, rank=128, block_v=32, steps=256, **hk), dict(batch=17, steps=256, **hk)]
     else:  # Triton interpreter: small heads
         hk = dict(heads=2, head_k=16, head_v=16)
         shapes = [dict(batch=bs, **hk) for bs in (1, 2, 4, 8, 16, 32, 64)]
@@ -473,9 +532,13 @@ def kernel_entry(device: Any = None) -> KernelSpec:
                    dict(batch=2, heads=2, head_k=12, head_v=20, conv_len=4, block_v=8),
                    dict(batch=1, rank=16, block_v=8, **hk), dict(batch=2, rank=12, **hk),
                    dict(batch=3, heads=3, head_k=16, head_v=32, block_v=16, rank=16)]
-    return KernelSpec(
-        name="kda_decode", component=COMPONENT, fast=fast, standard=standard, oracle=oracle,
-        make_inputs=make_inputs, shapes=shapes, value_classes=["normal", "large", "near_zero"],
-        dtypes=default_dtypes(device), k=2.0, deterministic=True,
-        kernel_patterns=[r"kda_decode_fused_kernel"],
-    )
+        # the tiny model's KDA heads (2 x 32 channels: each head draws its own A_log, so some
+        # channels sit at the long-memory end); one sequence with separate gates (the low-rank
+        # variant runs the same recurrence code): every interpreted step costs a program per
+        # (sequence, head)
+        long = [dict(batch=1, steps=32, heads=2, head_k=32, head_v=32)]
+    common = dict(component=COMPONENT, fast=fast, standard=standard, oracle=oracle, make_inputs=make_inputs,
+                  dtypes=default_dtypes(device), k=2.0, deterministic=True,
+                  kernel_patterns=[r"kda_decode_fused_kernel"])
+    return [KernelSpec(name="kda_decode", shapes=shapes, value_classes=["normal", "large", "near_zero"], **common),
+            KernelSpec(name="kda_decode_steps", shapes=long, value_classes=["long_memory"], **common)]

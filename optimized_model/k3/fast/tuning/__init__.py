@@ -83,6 +83,16 @@ def entry(kernel: str, batch: int, device: Any = None) -> dict:
     return dict(buckets[-1])
 
 
+def batch_boundaries(device: Any = None, kernel: str | None = None) -> list[int]:
+    """The batch sizes where the table in use changes a choice (of ``kernel``, or of any):
+    every bucket's ``max_batch`` but each kernel's last (a batch past it still takes that
+    bucket). Tests run both sides of each (b and b + 1: the next bucket, usually a partial
+    tile there)."""
+    kernels = table_for(device)["kernels"]
+    chosen = [kernels[kernel]] if kernel else list(kernels.values())
+    return sorted({b["max_batch"] for k in chosen for b in k["buckets"][:-1]})
+
+
 SHAPE_KEYS = ("N", "K", "epilogue")
 
 
