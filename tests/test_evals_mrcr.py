@@ -92,3 +92,20 @@ def test_user_data_is_chosen_per_bucket_and_too_little_is_a_clear_error(tmp_path
     settings["mrcr"]["smoke"]["docs"] = 5
     with pytest.raises(ValueError, match=r"too few documents for buckets \{512: 4, 2048: 4\}"):
         documents.mrcr_docs(settings, "smoke", 0, count_bytes, tmp_path)
+
+
+def test_a_draw_that_misses_its_bucket_draws_again_and_fitting_draws_never_change(monkeypatch):
+    """The spec's full tier on the K3 byte tokenizer: a long filler popped by the trim left a
+    bucket-1024 document below 512 tokens (it raised 'too small'); it now draws again."""
+    from optimized_model.k3.tokenizer import K3Tokenizer
+
+    tok = K3Tokenizer()
+    count = lambda msgs: len(tok.apply_chat_template(msgs))  # noqa: E731 (the suite's count)
+    rows = mrcr.generate(20261203, [1024, 2048], 4, count, max_gen_toks=320)
+    assert [mrcr.bucket_of(count(mrcr.messages(r))) for r in rows] == [1024] * 4 + [2048] * 4
+    assert all(count(mrcr.messages(r)) <= b - 320 for r, b in zip(rows, [1024] * 4 + [2048] * 4))
+    smoke = mrcr.generate(20261203, [512, 2048], 3, count, max_gen_toks=3)
+    monkeypatch.setattr(mrcr, "REDRAWS", 1)  # the first draw alone: what every fitting document was
+    assert mrcr.generate(20261203, [512, 2048], 3, count, max_gen_toks=3) == smoke
+    with pytest.raises(ValueError, match="too small"):
+        mrcr.generate(20261203, [1024], 4, count, max_gen_toks=320)

@@ -32,6 +32,7 @@ FIELDS = {"prompt": str, "answer": str, "random_string_to_prepend": str, "n_need
           "desired_msg_index": int, "total_messages": int, "n_chars": int}
 NEEDLES = (2, 4, 8)
 RANDOM_STRING_LEN = 10
+REDRAWS = 16  # draws of (target, seed) per document before a bucket is called too small
 
 _FORMATS = ("poem", "short story", "riddle", "limerick", "essay", "haiku", "social media post", "blog post",
             "song", "letter")
@@ -165,12 +166,18 @@ def generate(seed: int, buckets: Sequence[int], docs_per_bucket: int, count_toke
         if top <= bucket // 2:
             raise ValueError(f"bucket {bucket} cannot hold a prompt and {max_gen_toks} generated tokens")
         for i in range(docs_per_bucket):
-            target = rng.randint(bucket // 2 + (top - bucket // 2) // 4 + 1, top)
-            doc_seed = rng.randrange(2**31)
-            for n in sorted((n for n in needles if n <= needles[i % len(needles)]), reverse=True):
-                doc = generate_doc(doc_seed, target, n, count_tokens, answer_words(bucket))
-                if bucket // 2 < count_tokens(messages(doc)) <= top:
-                    break
+            # a draw whose trimmed conversation misses the bucket (a long filler popped below B/2)
+            # draws again; the first draw is what it always was, so documents that fit never change
+            for _ in range(REDRAWS):
+                target = rng.randint(bucket // 2 + (top - bucket // 2) // 4 + 1, top)
+                doc_seed = rng.randrange(2**31)
+                for n in sorted((n for n in needles if n <= needles[i % len(needles)]), reverse=True):
+                    doc = generate_doc(doc_seed, target, n, count_tokens, answer_words(bucket))
+                    if bucket // 2 < count_tokens(messages(doc)) <= top:
+                        break
+                else:
+                    continue
+                break
             else:
                 raise ValueError(f"bucket {bucket} is too small for an MRCR document: {min(needles)} needles "
                                  f"alone take {count_tokens(messages(doc))} tokens")
