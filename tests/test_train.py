@@ -1,6 +1,7 @@
 """lab/train on the CPU: the tiny config trains (the loss on held-back batches falls), a resumed
 run continues exactly where the saved one stopped, the saved state fits what a GPU run may
-return, and no eval document is ever a training document."""
+return, no eval document is ever a training document, and training documents are the evals
+suite's, rendered as its adapter sends them."""
 
 import json
 import re
@@ -9,9 +10,10 @@ import time
 import pytest
 import torch
 
-from lab.train import aime_chain, checkpoint, eval_tasks, json_tasks, mrcr_standin
+from fastpath.evals import mrcr
+from lab.train import checkpoint, eval_tasks, json_tasks
 from lab.train.loop import TrainConfig, make_optimizer, train
-from lab.train.mix import Mix, make_batch
+from lab.train.mix import KINDS, Mix, make_batch
 from lab.train.trainable import TrainableK3
 from optimized_model.k3.config import get_config
 from optimized_model.k3.tokenizer import K3Tokenizer
@@ -85,60 +87,94 @@ def test_the_trained_state_fits_what_a_gpu_run_returns(tmp_path):
 
 
 def test_no_eval_document_is_a_training_document():
+    """Every eval document of both tiers (MRCR every bucket, AIME) is held out, and none occurs in
+    the training batches of a sample of steps."""
     held = eval_tasks.heldout_hashes()
+    spec = eval_tasks._spec().evals
+    for tier in eval_tasks.TIERS:
+        docs = eval_tasks.eval_documents(tier)
+        buckets = {mrcr.bucket_of(eval_tasks.count_tokens(K3Tokenizer())(mrcr.messages(d))) for d in docs["mrcr"]}
+        assert buckets == set(spec["mrcr"][tier]["buckets"]) and len(docs["aime25"]) == spec["aime25"][tier]["docs"]
+        assert {eval_tasks.document_hash(t, d) for t, ds in docs.items() for d in ds} <= held
     mix = Mix(tokens_per_step=65536)
-    seen = set()
+    seen, kinds = set(), set()
     for step in range(6):
-        seen |= set(make_batch(mix, step, K3Tokenizer()).hashes)
-    assert seen and not (seen & held)
+        b = make_batch(mix, step, K3Tokenizer())
+        seen |= set(b.hashes)
+        kinds |= set(b.kinds)
+    assert kinds == {"mrcr", "aime", "json"} and not (seen & held)
 
 
-def test_a_training_seed_that_collides_with_an_eval_seed_is_dropped(monkeypatch):
-    """Plant the collision: every training seed becomes an eval seed; no such document may pass."""
-    from lab.train import mix as mix_mod
-
-    monkeypatch.setattr(mix_mod, "_seed", lambda mix, step, row, attempt: attempt % eval_tasks.AIME_EVAL_DOCS)
-    b = make_batch(Mix(tokens_per_step=8192, lengths=((4096, 1.0),), kinds=(("aime", 1.0),)), 0, K3Tokenizer())
+@pytest.mark.parametrize("kind, task", [("aime", "aime25"), ("mrcr", "mrcr")])
+def test_a_training_document_that_is_an_eval_document_is_dropped(monkeypatch, kind, task):
+    """Plant the collision: the training generator returns eval documents; none may pass."""
+    planted = eval_tasks.eval_documents("smoke")[task]
+    monkeypatch.setattr(eval_tasks, "aime_row", lambda seed, steps: planted[seed % len(planted)])
+    monkeypatch.setattr(eval_tasks, "mrcr_row", lambda seed, target, tok: planted[seed % len(planted)])
+    b = make_batch(Mix(tokens_per_step=8192, lengths=((4096, 1.0),), kinds=((kind, 1.0),)), 0, K3Tokenizer())
     assert b.hashes == [] and float(b.weights.sum()) == 0.0
 
 
-def test_aime_chain_every_step_matters_and_the_answer_is_boxed():
-    for seed in range(20):
-        ch = aime_chain.generate(seed)
-        sol = ch.solution
-        assert int(re.findall(r"\\boxed\{(\d+)\}", sol)[-1]) == ch.answer and 0 <= ch.answer <= 999
-        lines = [ln for ln in sol.splitlines() if ln.startswith("Step ")]
-        assert len(lines) == ch.n
-        # recompute from the written digits: each line follows from the one before
-        window = ch.digits
-        for ln in lines:
-            a, b, s1, s1b, c, s2, s2b, k, s3, *digits = map(int, re.findall(r"\d", ln.split(": ", 1)[1]))
-            assert (a, b, c) == window and k == ch.k and s1 == s1b and s2 == s2b
-            assert (s1, s2, s3) == ((a + b) % 10, (s1 + c) % 10, (s2 + k) % 10)
-            window = tuple(digits)
-            assert window == (b, c, s3)
-        # one wrong digit anywhere changes the answer (the step map is a bijection)
-        states = ch.states()
-        j = seed % ch.n
-        a, b, c = states[j]
-        wrong = (a, b, (c + 1) % 10)
-        for _ in range(ch.n - j):
-            wrong = (wrong[1], wrong[2], (sum(wrong) + ch.k) % 10)
-        assert 100 * wrong[0] + 10 * wrong[1] + wrong[2] != ch.answer
-
-
-def test_mrcr_rows_have_openai_mrcr_fields_and_point_at_a_needle():
-    row = mrcr_standin.generate_row(7, 3000, 4)
-    assert set(row) == {"prompt", "answer", "random_string_to_prepend", "n_needles", "desired_msg_index",
-                        "total_messages", "n_chars"}
-    msgs = json.loads(row["prompt"])
-    assert row["total_messages"] == len(msgs) and row["n_needles"] == 4
+def test_training_mrcr_rows_are_the_suites_and_their_lengths_span_1k_to_16k():
+    tok = K3Tokenizer()
+    lengths = []
+    for step in range(40):
+        b = make_batch(Mix(tokens_per_step=16384), step, tok)
+        rows = b.kind_ids[:, 0] == KINDS.index("mrcr")
+        lengths += b.lengths[rows].tolist()
+    assert min(lengths) < 1600 and max(lengths) > 14000 and max(lengths) <= 16384, (min(lengths), max(lengths))
+    row = eval_tasks.mrcr_row(eval_tasks.TRAIN_SEED_BASE + 7, 3000, tok)
+    assert set(row) == set(mrcr.FIELDS) and len(tok.apply_chat_template(mrcr.messages(row))) <= 3000
+    msgs = mrcr.messages(row)
     target = msgs[row["desired_msg_index"]]
     assert target["role"] == "assistant" and row["answer"] == row["random_string_to_prepend"] + target["content"]
-    ask = msgs[row["desired_msg_index"] - 1]["content"]
-    assert sum(m["content"] == ask for m in msgs) == 4
-    assert re.fullmatch(r"Prepend \w{10} to the \d+\w\w \(1 indexed\) .+\. Do not include any other text in your "
-                        r"response\.", msgs[-1]["content"])
+
+
+def test_training_aime_problems_are_the_suites_with_solutions_of_hundreds_to_thousands_of_tokens():
+    tok = K3Tokenizer()
+    short = eval_tasks.aime_row(eval_tasks.TRAIN_SEED_BASE, eval_tasks.AIME_STEPS[0])
+    long = eval_tasks.aime_row(eval_tasks.TRAIN_SEED_BASE, eval_tasks.AIME_STEPS[1])
+    for row in (short, long):
+        prompt, target = eval_tasks.render_aime(tok, row)
+        assert tok.decode(target).endswith(f"\\boxed{{{row['answer']}}}.")
+        steps = row["problem"].count(";") + 1  # the room aime_steps reserves holds the document
+        assert len(prompt) + len(target) <= eval_tasks.AIME_BASE_TOKENS + eval_tasks.AIME_STEP_TOKENS * steps
+    assert 100 < len(eval_tasks.render_aime(tok, short)[1]) < 300 < 1800 < len(eval_tasks.render_aime(tok, long)[1])
+    for room in (300, 2048, 16384):
+        steps = eval_tasks.aime_steps(eval_tasks.TRAIN_SEED_BASE + room, room)
+        assert steps is None if room == 300 else eval_tasks.AIME_STEPS[0] <= steps <= eval_tasks.AIME_STEPS[1]
+
+
+def test_training_documents_render_as_the_eval_adapter_sends_them(tmp_path):
+    """Eval documents of both tiers and training documents go through lm-eval's tasks and the
+    suite's adapter; the prompt ids are the training render's, and the training target is what
+    the task's grader scores 1."""
+    pytest.importorskip("lm_eval")
+    from types import SimpleNamespace
+
+    from fastpath.evals import data, taskdir
+    from fastpath.evals.adapter import FastpathLM
+    from fastpath.evals.prompts import messages_field
+
+    tok = K3Tokenizer()
+    base = eval_tasks.TRAIN_SEED_BASE
+    docs = {"mrcr": [eval_tasks.mrcr_row(base + i, 1500 * (i + 1), tok) for i in range(2)],
+            "aime25": [eval_tasks.aime_row(base + i, 5 + 20 * i) for i in range(2)]}
+    for tier in eval_tasks.TIERS:
+        for task, ds in eval_tasks.eval_documents(tier).items():
+            docs[task] += ds
+    files = {t: data.write_jsonl(tmp_path / f"{t}.jsonl", ds) for t, ds in docs.items()}
+    tasks = taskdir.task_manager(taskdir.lay_out(tmp_path), files).load(sorted(taskdir.TASK_NAMES.values()))["tasks"]
+    lm = FastpathLM(SimpleNamespace(tokenizer=tok), messages_fields={n: f for n, t in tasks.items() if (f := messages_field(t))})
+    render = {"fastpath_mrcr": eval_tasks.render_mrcr, "fastpath_aime25": eval_tasks.render_aime}
+    metric = {"fastpath_mrcr": "mrcr_score", "fastpath_aime25": "exact_match"}
+    for name, task in tasks.items():
+        task.build_all_requests(limit=None, rank=0, world_size=1)
+        assert len(task.instances) == len(docs[{"fastpath_mrcr": "mrcr", "fastpath_aime25": "aime25"}[name]])
+        for inst in task.instances:
+            prompt, target = render[name](tok, inst.doc)
+            assert prompt == lm._prompt_ids(inst.args[0], inst.doc, name)
+            assert task.process_results(inst.doc, [tok.decode(target)])[metric[name]] == 1
 
 
 def test_json_answers_fit_the_features_suite_constraints():

@@ -5,8 +5,8 @@
 Modules, one job each: ``trainable`` (the standard path made differentiable, fp32 master
 weights), ``balance`` (router bias updates), ``checkpoint`` (sharded safetensors state, resume,
 the bf16 export), ``eval_tasks`` (the one place that knows how the eval tasks render their
-documents), ``mrcr_standin``, ``aime_chain``, ``json_tasks`` (generators), ``mix`` (rows and
-batches from seeds), ``loop`` (the time-boxed training loop), ``run`` (the command line),
+documents and which are held out; MRCR and AIME documents come from the evals suite's generators
+in ``fastpath/evals``), ``json_tasks`` (the JSON generator), ``mix`` (rows and batches from seeds), ``loop`` (the time-boxed training loop), ``run`` (the command line),
 ``throughput`` (the CPU micro-benchmark behind the H200 estimate in docs/k3-mini.md).
 Nothing outside lab/ imports this package.
 """

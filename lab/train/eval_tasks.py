@@ -1,79 +1,123 @@
 """The one place that knows how the eval tasks render their documents, and which are held out.
 
-Training data must be the prompts exactly as the evals suite renders them: MRCR's message list
-through the tokenizer's chat template, the AIME task's prompt text, the features suite's
-prompts. Everything here that comes from the evals suite is marked STAND-IN: until that suite
-lands, the MRCR rows come from ``mrcr_standin`` and the AIME prompt is lm-eval's built-in
-``aime25`` ``doc_to_text``; then this module imports the suite's generator and prompt instead
-and the rest of lab/train does not change.
+Documents come from the evals suite's own generators (``fastpath/evals``), on training seeds:
+MRCR rows from ``mrcr.generate_doc``, AIME-format problems from ``aime.generate`` with their
+worked ``aime.solution``. They are rendered exactly as the suite's lm-eval adapter sends them
+(``fastpath/evals/adapter.py``, chat mode, the suite's default): the chat turns of
+``prompts.chat_turns`` through the tokenizer's chat template. MRCR's turns are the document's
+message list (its task names the field ``prompt``); AIME's is one user turn holding the aime25
+task's ``doc_to_text`` (lm-eval's aime25.yaml, which fastpath_aime25.yaml includes).
+tests/test_train.py renders through lm-eval and the adapter and compares.
 
-Held out: the eval documents come from seeds below ``TRAIN_SEED_BASE`` (the evals suite's own
-seeds); training draws its seeds above it, and on top of that every training document whose
-content hash is an eval document's is dropped (``heldout_hashes``), so a collision of two seeds
-cannot leak an eval document into training.
+Held out: the eval documents are what ``fastpath/evals/documents.py`` generates for every tier
+from the spec's [evals] table and seed, so the two cannot diverge. Training seeds start at
+``TRAIN_SEED_BASE`` (the suite's MRCR document seeds are below 2^31 and its AIME sets are seeded
+by the spec's seed), and every training document whose content hash is an eval document's is
+dropped on top (``heldout_hashes``).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
+import random
 from functools import lru_cache
+from pathlib import Path
 
-from lab.train import aime_chain
-from lab.train import mrcr_standin as mrcr_generator  # STAND-IN: the evals suite's MRCR generator
+from fastpath.evals import aime, documents, mrcr
+from fastpath.evals.prompts import chat_turns
 
-# STAND-IN: lm-eval's aime25 task (doc_to_text "Question: {{problem}}\nAnswer:", plain text,
-# no chat turn); read from the evals suite's task once it exists.
-AIME_PROMPT = "Question: {problem}\nAnswer:"
-
+SPEC = Path(__file__).resolve().parents[2] / "optimized_model" / "k3" / "fastpath.toml"
+TIERS = ("smoke", "full")
 TRAIN_SEED_BASE = 1 << 40
-# STAND-IN: the eval documents the evals suite generates (per MRCR bucket and for AIME)
-MRCR_EVAL_BUCKETS = (1024, 2048, 4096, 8192, 16384, 32768)
-MRCR_EVAL_DOCS = 64
-AIME_EVAL_DOCS = 512
+# lm-eval's aime25.yaml doc_to_text, rendered by lm-eval; the test compares with lm-eval's own
+AIME_DOC_TO_TEXT = "Question: {problem}\nAnswer:"
+MRCR_MESSAGES_FIELD = "prompt"  # fastpath_mrcr.yaml metadata chat_messages
+# operations per training AIME problem: the eval tiers' 3 and 40 inside; 3 steps are ~150 tokens
+# of solution, 48 steps ~2k
+AIME_STEPS = (3, 48)
+AIME_STEP_TOKENS, AIME_BASE_TOKENS = 60, 260  # upper bounds: problem + solution per step, and the rest
 
 
 def content_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-# -- documents -----------------------------------------------------------------------------------
-def mrcr_row(seed: int, target_chars: int, n_needles: int | None = None) -> dict:
-    """An MRCR row in openai/mrcr's format (fields ``prompt``, ``answer``, ...)."""
-    return mrcr_generator.generate_row(seed, target_chars, n_needles)
+def count_tokens(tok):
+    """The suite's MRCR length: the chat-templated conversation (suites/test_evals.py)."""
+    return lambda msgs: len(tok.apply_chat_template(msgs))
 
 
-def mrcr_eval_rows(bucket: int) -> list[dict]:
-    """The held-out MRCR rows of one context bucket (tokens): seeds bucket * 1000 + i."""
-    return [mrcr_row(bucket * 1000 + i, int(bucket * 0.85)) for i in range(MRCR_EVAL_DOCS)]
+# -- held out ----------------------------------------------------------------------------------------
+@lru_cache(maxsize=1)
+def _spec():
+    from fastpath.spec import load_spec
+
+    return load_spec(SPEC)
 
 
-def aime_eval_docs() -> list[dict]:
-    """The held-out AIME-format documents (``problem``, ``answer``): seeds 0 .. AIME_EVAL_DOCS-1;
-    ``python3 -m lab.train.eval_tasks --aime-jsonl PATH`` writes them as the task's local data."""
-    return [aime_chain.document(i) for i in range(AIME_EVAL_DOCS)]
+@lru_cache(maxsize=len(TIERS))
+def eval_documents(tier: str) -> dict[str, list[dict]]:
+    """{spec task: documents} the evals suite evaluates on ``tier``."""
+    from optimized_model.k3.tokenizer import K3Tokenizer
+
+    spec = _spec()
+    ev, where = spec.evals, Path(spec.path).parent
+    return {"mrcr": documents.mrcr_docs(ev, tier, ev["seed"], count_tokens(K3Tokenizer()), where),
+            "aime25": documents.aime_docs(ev, tier, ev["seed"], where)}
+
+
+def document_hash(task: str, doc: dict) -> str:
+    """What identifies a document: MRCR's conversation, AIME's problem."""
+    return content_hash(doc["prompt"] if task == "mrcr" else doc["problem"])
 
 
 @lru_cache(maxsize=1)
 def heldout_hashes() -> frozenset[str]:
-    """Content hashes of every eval document (the MRCR prompt, the AIME problem)."""
-    out = {content_hash(r["prompt"]) for b in MRCR_EVAL_BUCKETS for r in mrcr_eval_rows(b)}
-    out |= {content_hash(d["problem"]) for d in aime_eval_docs()}
-    return frozenset(out)
+    """Content hashes of every eval document of every tier."""
+    return frozenset(document_hash(task, d) for tier in TIERS for task, docs in eval_documents(tier).items()
+                     for d in docs)
 
 
-# -- rendering: (prompt ids, target ids) as the eval tasks present them ------------------------------
+# -- training documents (seeds >= TRAIN_SEED_BASE) -----------------------------------------------------
+def mrcr_row(seed: int, target_tokens: int, tok) -> dict:
+    """An MRCR row whose chat-templated prompt has at most about ``target_tokens`` tokens: the
+    suite's generator, answer lengths of the bucket the target falls in, a needle count drawn from
+    the spec's and lowered (as the suite does) while the needles alone overflow the target."""
+    rng = random.Random(f"train-mrcr/{seed}")
+    needles = sorted(_spec().evals["mrcr"]["needles"])
+    chosen = rng.choice(needles)
+    count = count_tokens(tok)
+    for n in sorted((n for n in needles if n <= chosen), reverse=True):
+        row = mrcr.generate_doc(seed, target_tokens, n, count, mrcr.answer_words(mrcr.bucket_of(target_tokens)))
+        if count(mrcr.messages(row)) <= target_tokens:
+            break
+    return row
+
+
+def aime_steps(seed: int, room: int) -> int | None:
+    """Operations of a training problem whose prompt and solution fit ``room`` tokens, or None."""
+    top = min(AIME_STEPS[1], (room - AIME_BASE_TOKENS) // AIME_STEP_TOKENS)
+    return random.Random(f"train-aime/{seed}").randint(AIME_STEPS[0], top) if top >= AIME_STEPS[0] else None
+
+
+def aime_row(seed: int, steps: int) -> dict:
+    return aime.generate(seed, 1, steps)[0]
+
+
+# -- rendering: (prompt ids, target ids) as the eval adapter sends the prompt -----------------------------
 def render_mrcr(tok, row: dict) -> tuple[list[int], list[int]]:
-    """The message list through the chat template; the answer ends its turn, then eos (the
-    generation loop stops on eos; an adapter that stops on the end of the turn stops earlier)."""
-    prompt = tok.apply_chat_template(json.loads(row["prompt"]), add_generation_prompt=True)
+    """The message list through the chat template; the target is what the grader compares with
+    (the random string, then the requested answer), ending its turn, then eos (the generation
+    loop stops on eos; an adapter that stops on the end of the turn stops earlier)."""
+    prompt = tok.apply_chat_template(chat_turns(mrcr.doc_to_text(row), row, MRCR_MESSAGES_FIELD))
     return prompt, tok.encode(row["answer"], bos=False) + [tok.end_turn_id, tok.eos_id]
 
 
-def render_aime(tok, doc: dict) -> tuple[list[int], list[int]]:
-    """The AIME task's prompt text (plain, with bos); the worked solution, then eos."""
-    prompt = tok.encode(AIME_PROMPT.format(problem=doc["problem"]), bos=True)
-    return prompt, tok.encode(doc["solution"], bos=False) + [tok.eos_id]
+def render_aime(tok, row: dict) -> tuple[list[int], list[int]]:
+    """The aime25 prompt as one user turn; the worked solution ending in \\boxed{N}, then the
+    end of the turn and eos."""
+    prompt = tok.apply_chat_template(chat_turns(AIME_DOC_TO_TEXT.format(problem=row["problem"]), row, None))
+    return prompt, tok.encode(aime.solution(row), bos=False) + [tok.end_turn_id, tok.eos_id]
 
 
 def render_plain(tok, prompt: str, answer: str) -> tuple[list[int], list[int]]:
@@ -84,19 +128,3 @@ def render_plain(tok, prompt: str, answer: str) -> tuple[list[int], list[int]]:
 def render_chat(tok, prompt: str, answer: str) -> tuple[list[int], list[int]]:
     ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
     return ids, tok.encode(answer, bos=False) + [tok.end_turn_id, tok.eos_id]
-
-
-def main(argv: list[str] | None = None) -> int:  # pragma: no cover - a file writer
-    import argparse
-
-    ap = argparse.ArgumentParser(description="write the held-out AIME-format documents as JSONL")
-    ap.add_argument("--aime-jsonl", required=True)
-    args = ap.parse_args(argv)
-    with open(args.aime_jsonl, "w") as f:
-        for d in aime_eval_docs():
-            f.write(json.dumps({"problem": d["problem"], "answer": d["answer"]}) + "\n")
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())

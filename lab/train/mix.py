@@ -3,7 +3,10 @@ sees exactly the batches the lost one would have, and nothing but seeds travels 
 
 A step has one row length T (drawn from ``Mix.lengths`` by their token shares) and
 ``tokens_per_step // T`` rows. A row is one MRCR conversation of 60-95 % of T, or as many AIME /
-JSON documents as fit (each starts with its own bos, as an eval prompt does); the rest is padding.
+JSON documents as fit (each starts with its own bos, as an eval prompt does; an AIME problem
+takes as many operations as the room left holds); the rest is padding. The MRCR and AIME
+documents are the evals suite's own, on training seeds, rendered as its adapter renders them
+(eval_tasks).
 Loss weights per target token: 1 on what the evals grade (the MRCR answer, the AIME solution,
 the JSON answer), ``context_weight`` on the prompts (a small language-model signal that keeps
 the next-token distributions over prompts confident, which parity measures), 0 on padding.
@@ -17,10 +20,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lab.train import aime_chain, eval_tasks, json_tasks
+from lab.train import eval_tasks, json_tasks
 
 KINDS = ("mrcr", "aime", "json")
-MRCR_MESSAGE_TOKENS = 480  # an upper bound of one ask + answer turn of the MRCR generator
+MRCR_ANSWER_TOKENS = 320  # an upper bound of an MRCR answer (40 words, the random string, the turn end)
 
 
 @dataclass(frozen=True)
@@ -74,9 +77,12 @@ def _document(kind: str, tok, seed: int, room: int):
     """(prompt ids, target ids, content hash) of one document of ``kind``, or None if it is
     held out or does not fit ``room`` tokens."""
     if kind == "aime":
-        doc = aime_chain.document(seed)
+        steps = eval_tasks.aime_steps(seed, room)
+        if steps is None:
+            return None
+        doc = eval_tasks.aime_row(seed, steps)
         p, t = eval_tasks.render_aime(tok, doc)
-        h = eval_tasks.content_hash(doc["problem"])
+        h = eval_tasks.document_hash("aime25", doc)
     elif kind == "json":
         rng = random.Random(seed)
         if rng.random() < 0.5:
@@ -86,13 +92,11 @@ def _document(kind: str, tok, seed: int, room: int):
             p, t = eval_tasks.render_chat(tok, *json_tasks.record_pair(seed))
         h = eval_tasks.content_hash(tok.decode(p))
     else:
-        rng = random.Random(seed)
-        target = int(room * rng.uniform(0.6, 0.95)) - 64
-        # as many needles as the room holds (each needle is one whole message)
-        needles = [n for n in (2, 4, 8) if n * MRCR_MESSAGE_TOKENS < target] or [2]
-        row = eval_tasks.mrcr_row(seed, max(target, 600), rng.choice(needles))
+        # the prompt fills 60-95 % of the row, less the longest answer
+        target = int(room * random.Random(f"mrcr-length/{seed}").uniform(0.6, 0.95)) - MRCR_ANSWER_TOKENS
+        row = eval_tasks.mrcr_row(seed, max(target, 600), tok)
         p, t = eval_tasks.render_mrcr(tok, row)
-        h = eval_tasks.content_hash(row["prompt"])
+        h = eval_tasks.document_hash("mrcr", row)
     if h in eval_tasks.heldout_hashes() or len(p) + len(t) > room:
         return None
     return p, t, h
