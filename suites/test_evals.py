@@ -11,7 +11,10 @@ evals/TASK/all   (per task, its documents pooled)
                            for MRCR's graded score; fastpath/evals/paired.py)
   evals_output_agreement   common-prefix share of fast vs oracle non-inferior to standard vs
                            oracle by prefix_margin; and the token-logprob rule below
-  evals_generation_length  mean generated tokens fast / standard within [min_ratio, max_ratio]
+  evals_generation_length  mean generated tokens fast / standard: its paired bootstrap CI over the
+                           documents reaches into [min_ratio, max_ratio] (a few documents whose
+                           lengths differ by chance widen it; a defect that stops every generation
+                           early or lets it run on does not)
 evals/mrcr/cB    (per MRCR prompt-length bucket B)
   evals_output_agreement   mean |logprob(fast) - logprob(oracle)| over the generated tokens both
                            produced from the same context <= factor x the same for the standard
@@ -160,19 +163,24 @@ def _record_deviation(record, ev, gate: dict, pairs: dict, n: int) -> None:
            evidence=H.jsonable({"pairs": pairs, "fast_components": ev["components"], "refused": ev["refused"]}))
 
 
-def _record_lengths(record, ev, gate: dict, keys: list[tuple]) -> None:
+def _record_lengths(record, ev, gate: dict, keys: list[tuple], seed: int) -> None:
+    from fastpath.evals import paired
+
     fast, std = ev["runs"]["fast"].records, ev["runs"]["standard"].records
-    lf, ls = _mean(len(fast[k]["token_ids"]) for k in keys), _mean(len(std[k]["token_ids"]) for k in keys)
-    ratio = lf / ls if ls else math.nan
     lo, hi = float(gate.get("min_ratio", 0.5)), float(gate.get("max_ratio", 2.0))
-    detail = {"fast_mean_tokens": lf, "standard_mean_tokens": ls, "n": len(keys), "min_ratio": lo, "max_ratio": hi,
-              "fast_finish": _count(fast[k]["finish_reason"] for k in keys),
-              "standard_finish": _count(std[k]["finish_reason"] for k in keys)}
-    msg = "" if lo <= ratio <= hi else f"the fast path generates {ratio:.3g}x the standard path's tokens"
-    record("evals_generation_length", "length_ratio_low", ratio, threshold=lo, comparator=">=", path="fast",
-           detail=detail, message=msg if ratio < lo else "")
-    record("evals_generation_length", "length_ratio_high", ratio, threshold=hi, comparator="<=", path="fast",
-           detail=detail, message=msg if ratio > hi else "")
+    r = paired.length_ratio([len(std[k]["token_ids"]) for k in keys], [len(fast[k]["token_ids"]) for k in keys],
+                            confidence=float(gate.get("confidence", 0.95)),
+                            n_resamples=int(gate.get("n_resamples", 4000)), seed=seed)
+    detail = H.jsonable(r | {"min_ratio": lo, "max_ratio": hi,
+                             "rule": "the ratio's CI reaches into [min_ratio, max_ratio] (outside it entirely: a defect)",
+                             "fast_finish": _count(fast[k]["finish_reason"] for k in keys),
+                             "standard_finish": _count(std[k]["finish_reason"] for k in keys)})
+    why = (f"the fast path generates {r['estimate']:.3g}x the standard path's tokens (CI {r['ci_low']:.3g} - "
+           f"{r['ci_high']:.3g} over {r['n']} documents)")
+    record("evals_generation_length", "length_ratio_ci_high", r["ci_high"], threshold=lo, comparator=">=",
+           path="fast", detail=detail, message=why if r["ci_high"] < lo else "")
+    record("evals_generation_length", "length_ratio_ci_low", r["ci_low"], threshold=hi, comparator="<=",
+           path="fast", detail=detail, message=why if r["ci_low"] > hi else "")
 
 
 def _count(values) -> dict:
@@ -206,7 +214,7 @@ def test_bucket(case, evals_run, fp_gate, fp_spec, record):
     _check_case(keys, H.case_id(case))
     pairs = _pair_summary(evals_run, keys)
     _record_deviation(record, evals_run, fp_gate("evals_output_agreement"), pairs, len(keys))
-    _record_lengths(record, evals_run, fp_gate("evals_generation_length"), keys)
+    _record_lengths(record, evals_run, fp_gate("evals_generation_length"), keys, fp_spec.evals["seed"])
     sc = _scores(evals_run, cfg["task"], keys, fp_gate("evals_noninferiority"), fp_spec.evals["seed"])
     record("evals_noninferiority", "score_difference", sc["estimate"], status="info", path="fast",
            threshold=-sc["margin"], comparator=">", passed=sc["passed"], detail=H.jsonable(sc),
@@ -243,4 +251,4 @@ def test_task(case, evals_run, fp_gate, fp_spec, record):
            message="" if pr["passed"] else f"common-prefix share vs the oracle: fast {pr['fast_mean']:.3g}, standard "
                                           f"{pr['standard_mean']:.3g}; lower bound of the difference {pr['ci_low']:.3g}")
     _record_deviation(record, evals_run, ga, _pair_summary(evals_run, keys), len(keys))
-    _record_lengths(record, evals_run, fp_gate("evals_generation_length"), keys)
+    _record_lengths(record, evals_run, fp_gate("evals_generation_length"), keys, fp_spec.evals["seed"])

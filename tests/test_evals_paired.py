@@ -89,3 +89,18 @@ def test_bad_input_is_refused():
         paired.exact([0.5], [1.0], margin=MARGIN)
     with pytest.raises(ValueError, match="equal length"):
         paired.graded([0.5, 0.2], [1.0], margin=MARGIN)
+
+
+def test_length_ratio_ci_separates_a_defect_from_chance():
+    std = [320, 300, 280, 320, 310, 290]
+    # every generation stopped at about a third: the CI lies below 0.5 (a defect)
+    short = paired.length_ratio(std, [s // 3 for s in std], seed=1)
+    assert short["ci_high"] < 0.5 and short["estimate"] == pytest.approx(1 / 3, abs=0.01)
+    # one document ended early by chance (its first divergent token): the point ratio is far off,
+    # the CI still reaches the bounds' interval
+    chance = paired.length_ratio([320, 40, 320, 300], [320, 320, 60, 300], seed=1)
+    assert chance["ci_low"] < 2.0 and chance["ci_high"] > 0.5
+    same = paired.length_ratio(std, std)
+    assert same["estimate"] == same["ci_low"] == same["ci_high"] == 1.0
+    with pytest.raises(ValueError):
+        paired.length_ratio([1, 2], [1])

@@ -70,6 +70,27 @@ def graded(standard: Sequence[float], fast: Sequence[float], *, margin: float, c
                    float(high.confidence_interval.high), p, margin, confidence, **extra)
 
 
+def length_ratio(standard: Sequence[float], fast: Sequence[float], *, confidence: float = 0.95,
+                 n_resamples: int = 4000, seed: int = 0) -> dict:
+    """mean(fast) / mean(standard) of paired generation lengths, with a two-sided percentile
+    bootstrap CI over the documents (``scipy.stats.bootstrap``, paired). A handful of documents
+    whose lengths vary by chance (a path's first divergent token can end a generation early)
+    widens the interval; a defect that shortens or lengthens every generation does not."""
+    s, f = np.asarray(standard, dtype=float), np.asarray(fast, dtype=float)
+    if s.shape != f.shape or s.ndim != 1 or not len(s):
+        raise ValueError("paired lengths must be non-empty 1-D sequences of equal length")
+    ratio = float(f.mean() / s.mean()) if s.mean() else math.nan
+    out = {"method": "bootstrap", "n": len(s), "estimate": ratio, "confidence": confidence,
+           "fast_mean": float(f.mean()), "standard_mean": float(s.mean())}
+    if len(s) < 2 or (np.all(s == s[0]) and np.all(f == f[0])) or not s.mean():
+        return out | {"ci_low": ratio, "ci_high": ratio}  # nothing to resample
+    res = stats.bootstrap((s, f), lambda a, b, axis=-1: b.mean(axis=axis) / np.maximum(a.mean(axis=axis), 1e-9),
+                          paired=True, vectorized=True, n_resamples=n_resamples, confidence_level=confidence,
+                          method="percentile", rng=np.random.default_rng(seed))
+    low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    return out | {"ci_low": low if math.isfinite(low) else ratio, "ci_high": high if math.isfinite(high) else ratio}
+
+
 def judge(kind: str, standard: Sequence[float], fast: Sequence[float], *, margin: float, confidence: float,
           n_resamples: int = 4000, seed: int = 0) -> dict:
     """``exact`` for "exact" metrics, ``graded`` otherwise."""
