@@ -9,8 +9,8 @@ A bundle attests four parts of the tree (``attested_parts``), each its own diges
 can say which one is stale:
 
     fast_path   the spec's [sources] globs: the code under test
-    validation  what judges it: [sources] validation globs (default: suites/, the fastpath/
-                harness package), plus two entries that are not files: the spec's [gates]
+    validation  what judges it: [sources] validation globs (default: the fastpath/
+                harness package, its suites/ included), plus two entries that are not files: the spec's [gates]
                 table ("[gates]", canonical JSON) and the harness version ("fastpath-version")
     subject     the model the fast path belongs to: [sources] subject globs (default: the .py
                 files beside the spec); put weight files here when weights are loaded
@@ -87,7 +87,7 @@ def source_digest(repo_root: Path, globs: list[str]) -> dict:
 PARTS = ("fast_path", "validation", "subject", "spec")
 PART_LABELS = {"fast_path": "fast-path sources", "validation": "validation sources", "subject": "subject",
                "spec": "spec"}
-DEFAULT_VALIDATION_GLOBS = ("suites/**/*.py", "fastpath/**/*.py")
+DEFAULT_VALIDATION_GLOBS = ("fastpath/**/*.py",)  # the suites are fastpath/suites/
 GATES_ENTRY = "[gates]"
 VERSION_ENTRY = "fastpath-version"
 

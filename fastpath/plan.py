@@ -8,7 +8,7 @@ into a *waiver* carrying the reason, so what was not run is always on record.
 Evals: one ``task`` case per eval task (``evals/<task>/all``: the task's documents pooled) and,
 for MRCR, one ``bucket`` case per prompt-length bucket of the tier (``evals/mrcr/c<B>``); the
 settings come from the spec's ``[evals]`` (fastpath/spec.py EVALS_DEFAULTS). All cases share one
-lm-eval run per path (suites/test_evals.py): the plan only says which rows it must produce.
+lm-eval run per path (fastpath/suites/test_evals.py): the plan only says which rows it must produce.
 
 Perf: one ``speedup`` case per decode shape of the tier's scope (batch x context x draft x tp),
 one ``control`` case (standard vs standard, at the smallest shape) and one ``summary`` case (the

@@ -1,4 +1,4 @@
-"""Helpers shared by the suites (suites/test_*.py; their fixtures come from fastpath.pytest_plugin).
+"""Helpers shared by the suites (fastpath/suites/test_*.py; their fixtures come from fastpath.pytest_plugin).
 
 Kept dependency-light: the suites talk to the subject only through the Engine protocol
 (fastpath.engine), the spec (fp_spec / fp_gate) and the kernel registry.

@@ -39,6 +39,8 @@ from fastpath.results import read_rows, rows_frame, write_json_atomic
 from fastpath.run_state import RunState
 from fastpath.spec import Spec, load_spec
 
+SUITES_DIR = Path(__file__).resolve().parent / "suites"  # shipped inside the package (package data)
+
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
 # pytest exit codes after which a suite counts as finished (its rows are its verdict).
 PYTEST_FINISHED = (0, 1, 5)
@@ -280,7 +282,7 @@ def _prepare(opts: VerifyOptions, console: Any) -> tuple[Spec, str, Path, RunSta
     if state.exists:
         raise UsageError(f"{run_dir} already holds a run",
                          f"continue it with `fastpath verify --resume {run_dir}`, or choose another --out")
-    suites_dir = Path(opts.suites_dir) if opts.suites_dir else repo_root / "suites"
+    suites_dir = Path(opts.suites_dir) if opts.suites_dir else SUITES_DIR
     attested = _part_digests(_attested(repo_root, spec))
     if why:
         console.print(f"tier [bold]{tier}[/] ({why})")

@@ -85,13 +85,13 @@ class Built:
 
 def make_repo(root: Path) -> Path:
     (root / "subject/fast/kernels").mkdir(parents=True)
-    (root / "suites").mkdir()
+    (root / "fastpath/suites").mkdir(parents=True)
     (root / "pyproject.toml").write_text('[project]\nname = "toy"\n[tool.fastpath]\n'
                                          f'default_spec = "{SPEC_REL}"\n')
     (root / SPEC_REL).write_text(SPEC)
     (root / OTHER_SPEC_REL).write_text(SPEC.replace('name = "toy-fast"', 'name = "toy-other"'))
     (root / "subject/model.py").write_text("LAYERS = 2\n")
-    (root / "suites/test_coverage.py").write_text("def test_fired():\n    pass\n")
+    (root / "fastpath/suites/test_coverage.py").write_text("def test_fired():\n    pass\n")
     (root / "subject/fast/hooks.py").write_text("def fire():\n    return 'fast'\n")
     (root / "subject/fast/kernels/gemv.py").write_text("BLOCK = 64\n")
     (root / "subject/fast/tuning.json").write_text('{"b1": 64}\n')

@@ -1,4 +1,4 @@
-"""Import a suite module (suites/test_NAME.py) in a test, outside the plugin that registers
+"""Import a suite module (fastpath/suites/test_NAME.py) in a test, outside the plugin that registers
 its marks, to call its helpers directly."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-SUITES = Path(__file__).resolve().parent.parent / "suites"
+SUITES = Path(__file__).resolve().parent.parent / "fastpath" / "suites"
 
 
 def load_suite(name: str, alias: str | None = None):

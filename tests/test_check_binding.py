@@ -139,7 +139,7 @@ def test_a_signed_bundle_of_another_spec_of_the_repository_fails(tmp_path):
 
 
 @pytest.mark.parametrize("path,part,label", [
-    ("suites/test_coverage.py", "validation", "validation sources"),
+    ("fastpath/suites/test_coverage.py", "validation", "validation sources"),
     ("subject/model.py", "subject", "subject"),
     ("subject/fast/tuning.json", "fast_path", "fast-path sources"),
 ])
@@ -151,9 +151,9 @@ def test_a_stale_part_is_named_with_its_files(b, path, part, label):
 
 
 def test_new_files_and_gate_rules_are_part_of_the_validation_digest(b):
-    (b.repo / "suites/test_new.py").write_text("def test_x():\n    pass\n")
-    assert _reasons(_check(b)) == "stale: validation sources changed since the bundle: suites/test_new.py (new)"
-    (b.repo / "suites/test_new.py").unlink()
+    (b.repo / "fastpath/suites/test_new.py").write_text("def test_x():\n    pass\n")
+    assert _reasons(_check(b)) == "stale: validation sources changed since the bundle: fastpath/suites/test_new.py (new)"
+    (b.repo / "fastpath/suites/test_new.py").unlink()
     b.spec.write_text(b.spec.read_text() + "threshold = 2\n")  # lands in the last [gates.*] table
     reasons = _reasons(_check(b))
     assert "stale: validation sources changed since the bundle: [gates]" in reasons
@@ -161,7 +161,7 @@ def test_new_files_and_gate_rules_are_part_of_the_validation_digest(b):
 
 
 def test_freshness_warn_reports_stale_parts_but_still_checks_integrity(b, tmp_path):
-    (b.repo / "suites/test_coverage.py").write_text("# edited\n")
+    (b.repo / "fastpath/suites/test_coverage.py").write_text("# edited\n")
     # A tree spec whose plan differs: warn judges the plan by the bundle's own spec.
     b.spec.write_text(b.spec.read_text().replace("batch_sizes = [1, 2]", "batch_sizes = [1, 2, 4]"))
     enforce = _check(b)
@@ -169,7 +169,7 @@ def test_freshness_warn_reports_stale_parts_but_still_checks_integrity(b, tmp_pa
     warn = _check(b, freshness="warn")
     assert warn.passed, _reasons(warn)
     assert warn.warnings == [
-        "warning: stale validation: validation sources changed since the bundle: suites/test_coverage.py",
+        "warning: stale validation: validation sources changed since the bundle: fastpath/suites/test_coverage.py",
         "warning: stale spec: spec changed since the bundle: subject/fastpath.toml"]
     out = io.StringIO()
     assert main_check(b.bundle, trust=b.trust, source=b.repo, freshness="warn", out=out) == 0

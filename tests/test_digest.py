@@ -73,8 +73,8 @@ def test_canonical_json_is_order_independent():
 
 def _project(root):
     _tree(root)
-    (root / "suites").mkdir()
-    (root / "suites" / "test_x.py").write_text("def test_x(): pass\n")
+    (root / "fastpath" / "suites").mkdir(parents=True)
+    (root / "fastpath" / "suites" / "test_x.py").write_text("def test_x(): pass\n")
     (root / "model.py").write_text("M = 1\n")
     (root / "fastpath.toml").write_text((Path(__file__).parent / "doubles" / "stub" / "spec.toml").read_text()
                                         .replace('globs = ["src/**/*.py"]', 'globs = ["fast/**/*.py"]'))
@@ -89,7 +89,7 @@ def test_attested_parts_defaults_ownership_and_pseudo_entries(tmp_path):
     a = attested_parts(root, load_spec(root / "fastpath.toml"))
     files = {p: [f["path"] for f in a["parts"][p]["files"]] for p in PARTS}
     assert files == {"fast_path": ["fast/a.py", "fast/k/b.py"],
-                     "validation": ["suites/test_x.py", "[gates]", "fastpath-version"],
+                     "validation": ["fastpath/suites/test_x.py", "[gates]", "fastpath-version"],
                      "subject": ["model.py"],  # the spec's directory's .py files, minus the fast path
                      "spec": ["fastpath.toml"]}
     assert a["spec_path"] == "fastpath.toml"
@@ -102,7 +102,7 @@ def test_declared_globs_must_match_defaults_need_not(tmp_path):
     from fastpath.spec import load_spec
 
     root = _project(tmp_path)
-    (root / "suites" / "test_x.py").unlink()
+    (root / "fastpath" / "suites" / "test_x.py").unlink()
     attested_parts(root, load_spec(root / "fastpath.toml"))  # default validation globs: fine
     spec = root / "fastpath.toml"
     spec.write_text(spec.read_text().replace('globs = ["fast/**/*.py"]', 'globs = ["fast/**/*.py"]\nvalidation = ["suites/*.py"]'))

@@ -1,4 +1,4 @@
-"""The perf suite (suites/test_perf.py) end to end on the CPU: K3-mini's tiny config through the
+"""The perf suite (fastpath/suites/test_perf.py) end to end on the CPU: K3-mini's tiny config through the
 embedded engine, one speedup case, the control and the summary; every row is `info` and says
 why it does not gate (the perf gate requires the full tier on supported hardware)."""
 
@@ -37,8 +37,8 @@ def perf_run(tmp_path_factory):
     spec = perf_only_spec(tmp)
     rows, artifacts = tmp / "rows.jsonl", tmp / "artifacts"
     (tmp / "pytest.ini").write_text("[pytest]\n")
-    cmd = [sys.executable, "-m", "pytest", str(REPO / "suites" / "test_perf.py"), "-c", str(tmp / "pytest.ini"),
-           "--rootdir", str(REPO / "suites"), "-p", "fastpath.pytest_plugin", "-p", "no:cacheprovider",
+    cmd = [sys.executable, "-m", "pytest", str(REPO / "fastpath" / "suites" / "test_perf.py"), "-c", str(tmp / "pytest.ini"),
+           "--rootdir", str(REPO / "fastpath" / "suites"), "-p", "fastpath.pytest_plugin", "-p", "no:cacheprovider",
            "--import-mode=importlib", "-q", "--fastpath-spec", str(spec), "--fastpath-tier", "smoke",
            "--fastpath-rows", str(rows), "--fastpath-suite", "perf", "--fastpath-artifacts", str(artifacts)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -152,7 +152,7 @@ def test_sources_validation_and_subject_are_schema_checked(tmp_path):
 def test_real_spec_declares_all_three_source_sets():
     s = load_spec(REAL_SPEC)
     assert s.declared_sources == {"validation", "subject"}
-    assert "optimized_model/k3/*.py" in s.subject_globs and "suites/**/*.py" in s.validation_globs
+    assert "optimized_model/k3/*.py" in s.subject_globs and "fastpath/**/*.py" in s.validation_globs
 
 
 def test_perf_settings_default_and_validate(tmp_path):

@@ -99,12 +99,12 @@ def test_no_event_reason_names_both_switches():
 
 
 def _run_coverage(tmp_path: Path, spec_text: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
-    """suites/test_coverage.py (decode and fallback cases) under the plugin, on ``spec_text``."""
+    """fastpath/suites/test_coverage.py (decode and fallback cases) under the plugin, on ``spec_text``."""
     spec = tmp_path / "spec.toml"
     spec.write_text(spec_text)
     rows = tmp_path / "rows.jsonl"
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    suites = REPO / "suites"
+    suites = REPO / "fastpath" / "suites"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(DOUBLES)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
     cmd = [sys.executable, "-m", "pytest", str(suites / "test_coverage.py"), "-c", str(tmp_path / "pytest.ini"),

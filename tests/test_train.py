@@ -183,7 +183,7 @@ def test_json_answers_fit_the_features_suite_constraints():
 
     import jsonschema
 
-    spec = importlib.util.spec_from_file_location("features_suite", Path(__file__).parents[1] / "suites/test_features.py")
+    spec = importlib.util.spec_from_file_location("features_suite", Path(__file__).parents[1] / "fastpath/suites/test_features.py")
     suite = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(suite)
     for i in range(50):

@@ -13,7 +13,7 @@ from vllm_live import PLUGIN_DIR, ROOT, make_fixture_model, plugin_env, requires
 pytestmark = requires_vllm
 
 SPEC = PLUGIN_DIR / "spec.toml"
-# features is left out: suites/test_features.py requires a fast-path component named "sampler"
+# features is left out: fastpath/suites/test_features.py requires a fast-path component named "sampler"
 # (K3-mini's own sampler); a fast path inside vLLM samples with vLLM's sampler (see the README).
 SUITES = os.environ.get("FASTPATH_VLLM_VERIFY_SUITES", "coverage,kernels,parity")
 

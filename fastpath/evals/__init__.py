@@ -1,5 +1,5 @@
 """Evals through lm-evaluation-harness: MRCR (long context) and AIME25 (long generation), paired
-between the fast path and the standard path (suites/test_evals.py).
+between the fast path and the standard path (fastpath/suites/test_evals.py).
 
     mrcr.py       MRCR: seeded generator in openai/mrcr's format, the official grader, buckets
     aime.py       AIME-format long-arithmetic problems (answers 0-999) and their step-by-step solutions

@@ -43,7 +43,7 @@ def content_hash(text: str) -> str:
 
 
 def count_tokens(tok):
-    """The suite's MRCR length: the chat-templated conversation (suites/test_evals.py)."""
+    """The suite's MRCR length: the chat-templated conversation (fastpath/suites/test_evals.py)."""
     return lambda msgs: len(tok.apply_chat_template(msgs))
 
 

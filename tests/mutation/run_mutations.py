@@ -54,6 +54,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
+SUITES = REPO / "fastpath" / "suites"  # the suites verify runs (package data of fastpath)
 
 SETS = {
     # name: (package dir to copy, spec inside the copy or the repo, patch dir, allowed edit prefix)
@@ -64,7 +65,7 @@ SETS = {
         "allowed": "optimized_model/k3/fast/",
         "probe": "optimized_model",
         # the spec's [sources] validation globs attest these: the copy must hold them too
-        "attested_dirs": [REPO / "suites", REPO / "fastpath"],
+        "attested_dirs": [REPO / "fastpath"],
     },
     "double": {
         "package": REPO / "tests" / "doubles" / "tiny_lm",
@@ -252,7 +253,7 @@ def _narrowed_plan(root: Path, spec: Path, env: dict, run_dir: Path, sel: Select
 def _run_selection(root: Path, spec: Path, env: dict, run_dir: Path, sel: Selection, timeout: int):
     if not sel.select and not sel.kernel:
         cmd = [sys.executable, "-m", "fastpath.cli", "verify", str(spec), "--tier", "smoke",
-               "--out", str(run_dir), "--suites-dir", str(REPO / "suites")]
+               "--out", str(run_dir), "--suites-dir", str(SUITES)]
         if sel.only:
             cmd += ["--only", ",".join(sel.only)]
         return subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
@@ -262,7 +263,7 @@ def _run_selection(root: Path, spec: Path, env: dict, run_dir: Path, sel: Select
     plan = _narrowed_plan(root, spec, env, run_dir, sel)
     ini = run_dir / "pytest.ini"
     ini.write_text("[pytest]\n")
-    suites = REPO / "suites"
+    suites = SUITES
     cmd = [sys.executable, "-m", "pytest", str(suites / f"test_{suite}.py"), "-c", str(ini), "--rootdir", str(suites),
            "--confcutdir", str(suites), "-p", "fastpath.pytest_plugin", "-p", "no:cacheprovider",
            "--import-mode=importlib", "-q", "--tb=short", "--no-header",

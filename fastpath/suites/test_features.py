@@ -317,7 +317,7 @@ def _agreement_until_divergence(a: list[list[int]], b: list[list[int]]) -> float
 
 
 def _parity_threshold(floor: float, n: int, min_agreement: float) -> tuple[float, float]:
-    """The parity suite's rule (suites/test_parity.py): min_agreement, or the floor minus two
+    """The parity suite's rule (fastpath/suites/test_parity.py): min_agreement, or the floor minus two
     binomial standard errors when the floor itself is below it."""
     if n <= 0 or math.isnan(floor):
         return min_agreement, 0.0
