@@ -76,6 +76,20 @@ def test_decode_step_with_a_draft_is_a_verify_step_at_a_fixed_context(std):
     assert dispatch.decide(2, 40, "verify") == "draft_out_of_scope"
 
 
+def test_fast_path_refuses_verify_steps_with_the_declared_reason():
+    from fastpath import trace
+    from optimized_model.k3.fast import dispatch
+
+    fast = EmbeddedEngine(config="tiny", device="cpu", dtype="float32").load(
+        "fast", additional_config=dispatch.switch_config())
+    with trace.recording() as rec:
+        fast.decode_step(1, 16, draft=3)()
+        out = fast.generate([GenerationRequest(prompt_ids=TOK.encode("abab"), max_tokens=6, ignore_eos=True)],
+                            speculative={"method": "synthetic", "num_speculative_tokens": 3, "acceptance_length": 3})
+    reasons = {e.detail for e in rec.events if e.kind == "refused"}
+    assert "draft_out_of_scope" in reasons and len(out[0].token_ids) == 6
+
+
 # -- drafters --------------------------------------------------------------------------------------
 def test_ngram_drafter_longest_then_earliest_match():
     d = NgramDrafter(k=4, prompt_lookup_min=2, prompt_lookup_max=3)
