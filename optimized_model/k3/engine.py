@@ -12,7 +12,12 @@ trained weights, relative to the repository root, instead of the seeded random o
 ``use_graphs`` (default: True on cuda); ``threads``
 (torch CPU threads; default: leave torch's setting); ``standard_compile`` (the torch.compile mode
 of the standard path's benchmark step ``decode_step``: "default", "max-autotune-no-cudagraphs",
-... or "off"; default "default" on cuda, "off" on cpu; runner.py).
+... or "off"; default "default" on cuda, "off" on cpu; runner.py); ``speculative`` (speculative
+decoding in ``generate``, vLLM's speculative_config names: ``{method = "ngram", num_speculative_tokens
+= 3, prompt_lookup_min = 2, prompt_lookup_max = 5}`` or ``{method = "synthetic",
+num_speculative_tokens = 7, acceptance_length = 6}``, the latter for benchmarks only;
+speculative.py, drafters.py; default off). Each result then carries ``speculative``, its
+acceptance statistics (drafted, accepted, mean acceptance length).
 
 "standard_eager" is the standard path with its benchmark step eager inside the CUDA graph (the
 previous baseline, reported beside the compiled one); elsewhere it is the standard path.
@@ -68,20 +73,26 @@ def _parse_dtype(dtype: Any, device: str) -> torch.dtype:
 class K3LoadedModel:
     """A loaded model on one path (implements fastpath.engine.Model)."""
 
-    def __init__(self, path: str, model, runner, tokenizer):
+    def __init__(self, path: str, model, runner, tokenizer, speculative=None):
         self.path = path
         self.model = model
         self.runner = runner
         self.tokenizer = tokenizer
         self.device = model.device.type
+        self.speculative = speculative  # a speculative.SpecConfig or None
 
-    def generate(self, requests):
+    def generate(self, requests, speculative=None):
+        """``speculative``: this call's settings instead of the engine's (a table or SpecConfig)."""
         from .generate import generate
+        from .speculative import SpecConfig
 
         if not requests:
             return []
-        self.runner.reserve = max(int(r.max_tokens) for r in requests) + 1
-        return generate(self.runner, self.tokenizer, requests)
+        spec = SpecConfig.parse(speculative) or self.speculative
+        # a verify window may run num_speculative_tokens past max_tokens before it is cut
+        extra = spec.num_speculative_tokens if spec is not None else 0
+        self.runner.reserve = max(int(r.max_tokens) for r in requests) + 1 + extra
+        return generate(self.runner, self.tokenizer, requests, speculative=spec)
 
     def score(self, token_ids: list[list[int]], prefill_len: int | None = None) -> list[torch.Tensor]:
         """Teacher-forced fp32 logits [len, vocab] per sequence (``K3Runner.score``)."""
@@ -114,10 +125,15 @@ class EmbeddedEngine:
 
     def __init__(self, config: str = "tiny", device: str = "cpu", dtype: Any = None, seed: int = 0,
                  use_graphs: bool | None = None, threads: int | None = None, standard_compile: str | None = None,
-                 weights: str | None = None, weights_sha256: str | None = None, **unknown: Any):
+                 weights: str | None = None, weights_sha256: str | None = None,
+                 speculative: Mapping[str, Any] | None = None, **unknown: Any):
         if unknown:
             raise TypeError(f"embedded engine: unknown option(s) {sorted(unknown)}; known: config, device, "
-                            "dtype, seed, use_graphs, threads, standard_compile, weights, weights_sha256")
+                            "dtype, seed, use_graphs, threads, standard_compile, weights, weights_sha256, "
+                            "speculative")
+        from .speculative import SpecConfig
+
+        self.speculative = SpecConfig.parse(speculative)  # a bad table fails here, in one line
         if weights_sha256 is not None and not weights:
             raise ValueError("embedded engine: weights_sha256 without weights; add engine option weights "
                              "(the checkpoint's path) or drop the digest")
@@ -183,6 +199,7 @@ class EmbeddedEngine:
             "switch": self._own_switch(),
             "standard_compile": self.standard_compile,
             "batch_buckets": self._batch_buckets(),
+            "speculative": None if self.speculative is None else dict(vars(self.speculative)),
         }
 
     def _batch_buckets(self) -> list[int]:
@@ -224,16 +241,17 @@ class EmbeddedEngine:
         tok = K3Tokenizer()
         if path == "oracle":
             model = self._model(oracle=True)
-            return K3LoadedModel(path, model, K3Runner(model, use_graphs=False), tok)
+            return K3LoadedModel(path, model, K3Runner(model, use_graphs=False), tok, self.speculative)
         model = self._model(oracle=False)
         if path == "fast" and not self._switch_on(additional_config):
             path = "standard"  # switch off: what vLLM runs without it (no fast-path event)
         if path in ("standard", "standard_eager"):
             mode = self.standard_compile if path == "standard" else None
-            return K3LoadedModel(path, model, K3Runner(model, use_graphs=self._graphs_on(), compile_mode=mode), tok)
+            return K3LoadedModel(path, model, K3Runner(model, use_graphs=self._graphs_on(), compile_mode=mode), tok,
+                                 self.speculative)
         decoder = self._build_fast(model)
         runner = K3Runner(model, use_graphs=self._graphs_on(), fast_decoder=decoder, fast_mode=True)
-        return K3LoadedModel(path, model, runner, tok)
+        return K3LoadedModel(path, model, runner, tok, self.speculative)
 
     def _build_fast(self, model):
         ok, why = self.fast_path_available()

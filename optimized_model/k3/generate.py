@@ -31,6 +31,7 @@ from typing import Any, Sequence
 import torch
 
 from .sampling import Sampler, SamplingParams, make_generators
+from .speculative import SpecConfig, SpecStats, accept
 
 __all__ = ["GenerationResult", "generate"]
 
@@ -41,6 +42,7 @@ class GenerationResult:
     text: str = ""
     finish_reason: str = "length"  # "stop" | "length" | "grammar"
     logprobs: list[float] | None = None
+    speculative: SpecStats | None = None  # acceptance statistics when speculation was on
 
 
 class _Row:
@@ -58,6 +60,29 @@ class _Row:
         self.reason = "length"
         self.stopped_on_token = False
         self.cut_at: int | None = None  # character index of a matched stop string
+        self.spec: SpecStats | None = None
+
+    def push(self, b: int, t: int, lp: float, structured: Any, tokenizer: Any) -> None:
+        """Append one sampled token and apply the finishing rules (module doc)."""
+        self.tokens.append(t)
+        self.logprobs.append(lp)
+        if structured is not None and structured.constrained(b):
+            if not structured.accept(b, t):
+                raise RuntimeError(f"request {b}: sampled token {t} was rejected by its grammar (the "
+                                   "bitmask was not applied by the sampler)")
+            if structured.terminated(b):
+                self.done, self.reason, self.stopped_on_token = True, "grammar", t == int(tokenizer.eos_id)
+                return
+        if t in self.stop_ids:
+            self.done, self.reason, self.stopped_on_token = True, "stop", True
+            return
+        if 0 <= t < 256:
+            self.bytes.append(t)
+        if self.check_stop_string(tokenizer):
+            self.done, self.reason = True, "stop"
+            return
+        if len(self.tokens) >= self.req.max_tokens:
+            self.done, self.reason = True, "length"
 
     def check_stop_string(self, tokenizer: Any) -> bool:
         if not self.stop_strings:
@@ -89,7 +114,11 @@ def _check_requests(requests: Sequence[Any], vocab: int) -> None:
 
 
 @torch.no_grad()
-def generate(runner: Any, tokenizer: Any, requests: Sequence[Any]) -> list[GenerationResult]:
+def generate(runner: Any, tokenizer: Any, requests: Sequence[Any], speculative: Any = None) -> list[GenerationResult]:
+    """``speculative``: None, or a ``speculative.SpecConfig`` / its table (then the runner
+    also needs ``verify`` and ``commit``): the first token comes from the prefill as usual,
+    every later step is a verify step (``_speculate``)."""
+    spec = SpecConfig.parse(speculative)
     if not requests:
         return []
     vocab = int(getattr(runner, "vocab_size", tokenizer.vocab_size))
@@ -128,36 +157,58 @@ def generate(runner: Any, tokenizer: Any, requests: Sequence[Any]) -> list[Gener
         tokens_l = tokens.tolist()
         lps_l = lps.float().tolist()
         for b, row in enumerate(rows):
-            if row.done:
-                continue
-            t = int(tokens_l[b])
-            row.tokens.append(t)
-            row.logprobs.append(float(lps_l[b]))
-            if structured is not None and structured.constrained(b):
-                if not structured.accept(b, t):
-                    raise RuntimeError(
-                        f"request {b}: sampled token {t} was rejected by its grammar (the bitmask "
-                        "was not applied by the sampler)"
-                    )
-                if structured.terminated(b):
-                    row.done, row.reason, row.stopped_on_token = True, "grammar", t == eos
-                    continue
-            if t in row.stop_ids:
-                row.done, row.reason, row.stopped_on_token = True, "stop", True
-                continue
-            if 0 <= t < 256:
-                row.bytes.append(t)
-            if row.check_stop_string(tokenizer):
-                row.done, row.reason = True, "stop"
-                continue
-            if len(row.tokens) >= row.req.max_tokens:
-                row.done, row.reason = True, "length"
+            if not row.done:
+                row.push(b, int(tokens_l[b]), float(lps_l[b]), structured, tokenizer)
         if all(row.done for row in rows):
             break
+        if spec is not None:
+            return _speculate(runner, tokenizer, rows, state, spec, params, gens, structured, n_valid)
         feed = torch.tensor(
             [eos if row.done else row.tokens[-1] for row in rows], dtype=torch.long, device=runner.device
         )
         logits = runner.decode(feed, state)
+    return [_result(row, tokenizer) for row in rows]
+
+
+def _speculate(runner: Any, tokenizer: Any, rows: list[_Row], state: Any, spec: SpecConfig,
+               params: list[SamplingParams], gens: list, structured: Any, n_valid: int) -> list[GenerationResult]:
+    """Speculative steps after the first token: draft, verify, accept, keep the accepted prefix.
+
+    Every unfinished row feeds its last emitted token and its drafts (padded to the batch's
+    longest with eos, never accepted: only a row's own drafts are judged); finished rows feed
+    eos. ``commit`` keeps 1 + accepted tokens per row; a row that finished inside the window
+    keeps 1 (its state no longer matters)."""
+    from .drafters import make_drafter
+
+    drafter = make_drafter(spec)
+    eos = int(tokenizer.eos_id)
+    prompts = [list(map(int, row.req.prompt_ids)) for row in rows]
+    for row in rows:
+        row.spec = SpecStats(spec.method, spec.synthetic, spec.num_speculative_tokens)
+    while not all(row.done for row in rows):
+        active = [not row.done for row in rows]
+        drafts = drafter.propose([p + row.tokens for p, row in zip(prompts, rows)], active, runner, state)
+        T = 1 + max(len(d) for d in drafts)
+        feed = [[eos] * T if row.done else [row.tokens[-1], *d, *[eos] * (T - 1 - len(d))]
+                for row, d in zip(rows, drafts)]
+        logits, trail = runner.verify(torch.tensor(feed, dtype=torch.long), state)
+        logits = logits.float().cpu()
+        keep = [1] * len(rows)
+        for b, row in enumerate(rows):
+            if row.done:
+                continue
+            d = drafts[b]
+            mask = structured.window_bitmasks(b, d) if structured is not None else None
+            toks, lps, n_acc = accept(logits[b, : len(d) + 1], d, params[b], gens[b], mask, n_valid=n_valid)
+            row.spec.steps += 1
+            row.spec.drafted += len(d)
+            row.spec.accepted += n_acc
+            for t, lp in zip(toks, lps):
+                row.push(b, t, lp, structured, tokenizer)
+                if row.done:
+                    break
+            keep[b] = 1 if row.done else len(toks)
+        runner.commit(state, trail, keep)
     return [_result(row, tokenizer) for row in rows]
 
 
@@ -171,4 +222,5 @@ def _result(row: _Row, tokenizer: Any) -> GenerationResult:
         text=text,
         finish_reason=row.reason,
         logprobs=list(row.logprobs) if getattr(row.req, "logprobs", False) else None,
+        speculative=row.spec,
     )

@@ -169,7 +169,6 @@ class K3Model:
 
     def kda_decode(self, i, x, state: DecodeState):
         cfg, s = self.cfg, self.cfg.slot(i)
-        B = x.shape[0]
         H, K = cfg.kda_heads, cfg.kda_head_dim
         qkv = F.linear(x, self.W(i, "qkv_proj"))  # [B, 3d]
         window = torch.cat([state.conv[s], qkv.unsqueeze(-1)], dim=-1)  # [B, 3d, W]
@@ -178,16 +177,44 @@ class K3Model:
         q, k, v = F.silu(conv).unflatten(-1, (3, H, K)).unbind(1)
         q, k = l2norm(q), l2norm(k)
         g, beta = self._kda_gates(i, x)
+        o = self._kda_token_(q, k, v, g, beta, state.kda[s], x.dtype)
+        return self._kda_out(i, o, x)
+
+    def _kda_token_(self, q, k, v, g, beta, S, dtype):
+        """One recurrence step for [B, H, *] inputs, S [B, H, K, V] fp32 updated in place."""
+        B, H, K = q.shape
         if self.kda_backend == "fla":
             _, fused_recurrent_kda_fwd = self._fla_ops()
             o, _ = fused_recurrent_kda_fwd(
-                q=q.to(x.dtype).view(B, 1, H, K), k=k.to(x.dtype).view(B, 1, H, K),
-                v=v.to(x.dtype).contiguous().view(B, 1, H, K),
-                g=g.view(B, 1, H, K), beta=beta.to(x.dtype).view(B, 1, H), scale=K ** -0.5,
-                initial_state=state.kda[s], inplace_final_state=True)
-            o = o.view(B, H, K)
-        else:
-            o = kda_step_(q, k, v, g, beta, state.kda[s], K ** -0.5)
+                q=q.to(dtype).view(B, 1, H, K), k=k.to(dtype).view(B, 1, H, K),
+                v=v.to(dtype).contiguous().view(B, 1, H, K),
+                g=g.view(B, 1, H, K), beta=beta.to(dtype).view(B, 1, H), scale=K ** -0.5,
+                initial_state=S, inplace_final_state=True)
+            return o.view(B, H, K)
+        return kda_step_(q, k, v, g, beta, S, K ** -0.5)
+
+    def kda_verify(self, i, x, state: DecodeState, trail: "VerifyTrail"):
+        """T tokens per sequence (x [B, T, hidden]) after the state. The conv window and the
+        recurrent state after every token go to ``trail``, so ``commit`` can keep any prefix
+        (a rejected draft must leave no trace in the state)."""
+        cfg, s = self.cfg, self.cfg.slot(i)
+        B, T, _ = x.shape
+        H, K, Wc = cfg.kda_heads, cfg.kda_head_dim, cfg.kda_conv
+        qkv = F.linear(x, self.W(i, "qkv_proj")).transpose(1, 2)  # [B, 3d, T]
+        window = torch.cat([state.conv[s], qkv], dim=-1)  # [B, 3d, W-1+T]: inputs oldest first
+        w = self.W(i, "conv").float()
+        conv = sum(window[:, :, j:j + T].float() * w[:, j:j + 1] for j in range(Wc))  # fp32 accumulate
+        trail.conv.append(window)
+        q, k, v = F.silu(conv).transpose(1, 2).unflatten(-1, (3, H, K)).unbind(2)  # [B, T, H, K]
+        q, k = l2norm(q), l2norm(k)
+        g, beta = self._kda_gates(i, x)
+        S = state.kda[s]
+        o = q.new_empty(B, T, H, K)
+        states = S.new_empty(B, T, *S.shape[1:])
+        for t in range(T):  # T <= 8: a step at a time, keeping every intermediate state
+            o[:, t] = self._kda_token_(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], S, x.dtype)
+            states[:, t].copy_(S)
+        trail.kda.append(states)
         return self._kda_out(i, o, x)
 
     # -- MLA ----------------------------------------------------------------------------------
@@ -244,6 +271,24 @@ class K3Model:
         p = torch.softmax(scores.masked_fill(masked, float("-inf")), dim=-1).to(x.dtype)
         o = torch.einsum("bhc,hvc->bhv", torch.bmm(p, lat), w_uv)
         return self._mla_out(i, o, x)
+
+    def mla_verify(self, i, x, state: DecodeState):
+        """Absorbed attention of T tokens per sequence (x [B, T, hidden]): their latents go to
+        positions lengths .. lengths+T-1 and each attends causally (itself and what precedes)."""
+        cfg, s = self.cfg, self.cfg.slot(i)
+        B, T, _ = x.shape
+        q, c = self._mla_q_c(i, x)  # [B, T, H, nope], [B, T, C]
+        pos = state.lengths.view(B, 1) + torch.arange(T, device=x.device)  # [B, T]
+        rows = torch.arange(B, device=x.device).view(B, 1).expand(B, T)
+        state.latent[s].index_put_((rows, pos), c)
+        masked = torch.arange(state.capacity, device=x.device).view(1, 1, 1, -1) > pos.view(B, T, 1, 1)
+        w_uk, w_uv = self._w_uk_uv(i)
+        lat = state.latent[s]  # [B, cap, C]
+        q_lat = torch.einsum("bthn,hnc->bthc", q, w_uk).flatten(1, 2)  # [B, T*H, C]
+        scores = torch.bmm(q_lat, lat.transpose(1, 2)).float().view(B, T, -1, state.capacity)
+        p = torch.softmax((scores * cfg.qk_nope ** -0.5).masked_fill(masked, float("-inf")), dim=-1)
+        o = torch.bmm(p.to(x.dtype).flatten(1, 2), lat).view(B, T, -1, lat.shape[-1])
+        return self._mla_out(i, torch.einsum("bthc,hvc->bthv", o, w_uv), x)
 
     def mla_decode_reference(self, i, x, state: DecodeState):
         """Non-absorbed decode (k, v materialised from the cached latents); for tests."""
@@ -374,4 +419,53 @@ class K3Model:
         return self.logits(x)
 
 
-__all__ = ["K3Model", "DecodeState", "kda_recurrent"]
+    # -- speculative decoding: verify K+1 tokens, then keep each sequence's accepted prefix --------
+    @torch.inference_mode()
+    def verify(self, tokens: torch.Tensor, state: DecodeState) -> tuple[torch.Tensor, "VerifyTrail"]:
+        """A verify step: ``tokens [B, T]`` (the last emitted token, then T-1 draft tokens) run
+        after each sequence's state. Returns fp32 logits [B, T, vocab] (row t predicts what
+        follows token t) and the trail ``commit`` needs. The KDA states and the latent cache
+        hold all T tokens until ``commit``; ``state.lengths`` is not moved. No host sync."""
+        cfg = self.cfg
+        trail = VerifyTrail(tokens.shape[1])
+        x = self.w["embed"][tokens]
+        for i in range(cfg.n_layers):
+            h = rmsnorm(x, self.W(i, "attn_norm"), cfg.norm_eps)
+            if cfg.layer_kind(i) == "kda":
+                x = x + self.kda_verify(i, h, state, trail)
+            else:
+                x = x + self.mla_verify(i, h, state)
+            x = x + self.ffn(i, rmsnorm(x, self.W(i, "ffn_norm"), cfg.norm_eps))  # MoE: B*T tokens
+        return self.logits(x), trail
+
+    @torch.inference_mode()
+    def commit(self, state: DecodeState, trail: "VerifyTrail", keep: torch.Tensor) -> None:
+        """Keep the first ``keep[b]`` (1 ..= T) tokens of the last verify in sequence b: the
+        state becomes exactly what plain decoding of those tokens leaves (rejected latents are
+        cleared, as plain decoding never wrote them). No host sync."""
+        cfg, B, T = self.cfg, state.batch, trail.T
+        keep = keep.to(state.lengths.device, torch.int64)
+        rows = torch.arange(B, device=keep.device)
+        for s in range(cfg.n_kda):
+            state.kda[s].copy_(trail.kda[s][rows, keep - 1])
+            window = trail.conv[s]  # [B, 3d, W-1+T]; after n tokens the last W-1 start at n
+            idx = keep.view(B, 1, 1) + torch.arange(cfg.kda_conv - 1, device=keep.device)
+            state.conv[s].copy_(window.gather(2, idx.expand(B, window.shape[1], -1)))
+        pos = torch.arange(state.capacity, device=keep.device).view(1, -1)
+        start = state.lengths.view(B, 1)
+        drop = (pos >= start + keep.view(B, 1)) & (pos < start + T)
+        state.latent.masked_fill_(drop.view(1, B, -1, 1), 0)
+        state.lengths.add_(keep)
+
+
+class VerifyTrail:
+    """What a verify step leaves for ``commit``: per KDA layer (slot order) its conv input
+    window [B, 3d, W-1+T] and its recurrent state after each token [B, T, H, K, V] fp32."""
+
+    def __init__(self, T: int):
+        self.T = T
+        self.conv: list[torch.Tensor] = []
+        self.kda: list[torch.Tensor] = []
+
+
+__all__ = ["K3Model", "DecodeState", "VerifyTrail", "kda_recurrent"]

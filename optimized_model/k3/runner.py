@@ -151,6 +151,22 @@ class K3Runner:
         state.max_len += 1
         return g.logits.clone()
 
+    # -- speculative decoding ----------------------------------------------------------------------
+    def verify(self, tokens: torch.Tensor, state: DecodeState):
+        """A verify step of ``tokens [B, T]`` (model.verify: eager, no CUDA graph) -> (logits
+        [B, T, V] fp32, trail for ``commit``). On the fast path it is refused with the declared
+        reason (dispatch: ``draft_out_of_scope``) and runs here."""
+        B, T = tokens.shape
+        if state.max_len + T > state.capacity:
+            self._grow(state, state.max_len + T)
+        self._select(B, state.max_len, "verify")
+        return self.model.verify(tokens.to(self.device), state)
+
+    def commit(self, state: DecodeState, trail, keep: list[int]) -> None:
+        """Keep the first ``keep[b]`` tokens of the last verify step in sequence b."""
+        self.model.commit(state, trail, torch.tensor(keep, dtype=torch.long, device=self.device))
+        state.max_len += max(keep)
+
     # -- teacher-forced scoring ---------------------------------------------------------------
     def score(self, token_ids: list[list[int]], prefill_len: int | None = None) -> list[torch.Tensor]:
         """Teacher-forced fp32 logits [len, vocab] per sequence (row i predicts token i + 1).
@@ -252,21 +268,32 @@ class K3Runner:
 
     # -- benchmark steps ---------------------------------------------------------------------------
     def decode_step(self, batch: int, context: int, draft: int = 0, seed: int = 0) -> Callable[[], None]:
-        """A callable running one decode step of ``batch`` sequences at ``context`` tokens.
+        """A callable running one decode step of ``batch`` sequences at ``context`` tokens
+        (``draft`` > 0: one verify step of draft + 1 tokens per sequence, all kept).
 
         The state is random-but-valid (``state.random_state``: no prefill, so 32k contexts are
         cheap), with capacity = context + 1 rounded up to 64 (the attention span). Each call
         first resets the lengths to ``context`` (inside the graph on GPU), so every call does
         the same work. On GPU the step is a CUDA-graph replay."""
-        if draft:
-            raise NotImplementedError("speculative decoding (draft > 0) is not supported by K3-mini")
+        kind = "verify" if draft else "decode"
         if self.fast_mode:
-            fast = self._select(batch, context, "decode")
+            fast = self._select(batch, context, kind)
             if fast is not None:
                 return fast.decode_step(batch, context)
-        state, tokens = self._bench_inputs(batch, context, seed)
+        state, tokens = self._bench_inputs(batch, context, seed, draft)
         base = state.lengths.clone()
-        decode = self._compiled_decode() if self.compile_mode and not self.fast_mode else self.model.decode
+        if draft:  # a verify step of draft + 1 tokens that keeps them all (eager inside the graph)
+            keep = torch.full((batch,), draft + 1, dtype=torch.long, device=self.device)
+
+            def decode(tok: torch.Tensor, st: DecodeState) -> torch.Tensor:
+                st.lengths.copy_(base)  # also in the graph's warm-up on a scratch copy
+                logits, trail = self.model.verify(tok, st)
+                self.model.commit(st, trail, keep)
+                return logits
+        elif self.compile_mode and not self.fast_mode:
+            decode = self._compiled_decode()
+        else:
+            decode = self.model.decode
         if self.use_graphs:
             g = self._capture(state, lengths_base=base, tokens=tokens, decode=decode)
             # keep the graph's tensors alive as long as the callable: the replay reads ``base``
@@ -284,17 +311,19 @@ class K3Runner:
             return run
 
         def fallback() -> None:  # fast path on, step out of its scope: report on every run
-            self._select(batch, context, "decode")
+            self._select(batch, context, kind)
             run()
 
         return fallback
 
-    def _bench_inputs(self, batch: int, context: int, seed: int) -> tuple[DecodeState, torch.Tensor]:
+    def _bench_inputs(self, batch: int, context: int, seed: int, draft: int = 0) -> tuple[DecodeState, torch.Tensor]:
         """The random-but-valid state and the tokens of a benchmark step (the fast path's
-        bench_hook makes the same ones from the same seed)."""
-        state = self.model.random_state(batch, context, _round_up(context + 1, 64), seed=seed)
+        bench_hook makes the same ones from the same seed): [batch], or [batch, draft + 1] for
+        a verify step (random drafts: its cost does not depend on their acceptance)."""
+        state = self.model.random_state(batch, context, _round_up(context + draft + 1, 64), seed=seed)
         gen = torch.Generator().manual_seed(seed)
-        tokens = torch.randint(0, self.model.cfg.n_real_tokens, (batch,), generator=gen).to(self.device)
+        shape = (batch, draft + 1) if draft else (batch,)
+        tokens = torch.randint(0, self.model.cfg.n_real_tokens, shape, generator=gen).to(self.device)
         return state, tokens
 
     def step_traffic(self, batch: int, context: int, draft: int = 0, seed: int = 0) -> dict:

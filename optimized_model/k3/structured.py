@@ -183,15 +183,45 @@ class StructuredBatch:
         for b, m in enumerate(self.matchers):
             if m is None or (done is not None and done[b]) or m.is_terminated():
                 continue
-            m.fill_next_token_bitmask(self._mask, b)
-            grammar_row = self._mask[b].clone()
-            self._mask[b, :8] &= self._guard(b)
-            if self.utf8[b].need > 0:
-                self._mask[b, 8:] = 0  # no special token inside a UTF-8 character
-            if not bool((self._mask[b] != 0).any()):
-                self._mask[b] = grammar_row
+            self._fill_row(b, self._mask, b)
             any_row = True
         return self._mask.clone() if any_row else None
+
+    def _fill_row(self, b: int, out: torch.Tensor, i: int) -> None:
+        """Row b's next-token mask (grammar AND byte guard) into ``out[i]``."""
+        self.matchers[b].fill_next_token_bitmask(out, i)
+        grammar_row = out[i].clone()
+        out[i, :8] &= self._guard(b)
+        if self.utf8[b].need > 0:
+            out[i, 8:] = 0  # no special token inside a UTF-8 character
+        if not bool((out[i] != 0).any()):
+            out[i] = grammar_row
+
+    def window_bitmasks(self, b: int, drafts: Sequence[int]) -> torch.Tensor | None:
+        """Speculative decoding: row b's mask at each of the len(drafts) + 1 positions of a
+        verify window, position j's as if drafts[:j] had been accepted. The matcher takes the
+        drafts tentatively and is rolled back (xgrammar's ``rollback``), so row b is left as it
+        was; positions after a draft the grammar rejects are all ones (never reached: that
+        draft is masked at its own position, so it is rejected there). None if unconstrained."""
+        m = self.matchers[b]
+        if m is None:
+            return None
+        out = torch.full((len(drafts) + 1, self.words), -1, dtype=torch.int32)
+        utf8 = self.utf8[b]
+        saved = (utf8.need, utf8.lo, utf8.hi)
+        taken = 0
+        for j in range(len(drafts) + 1):
+            if m.is_terminated():
+                break
+            self._fill_row(b, out, j)
+            if j == len(drafts) or not m.accept_token(int(drafts[j])):
+                break
+            utf8.advance(int(drafts[j]))
+            taken += 1
+        if taken:
+            m.rollback(taken)
+        utf8.need, utf8.lo, utf8.hi = saved
+        return out
 
     def accept(self, b: int, token_id: int) -> bool:
         """Advance row b's matcher; True if accepted (always True for unconstrained rows)."""

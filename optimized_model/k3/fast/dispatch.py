@@ -19,7 +19,8 @@ How the model code (optimized_model/k3) uses this module::
 reports ``refused(component, reason)`` for every fast component and returns None.
 
 Reasons (docs/architecture.md): ``prefill``, ``mixed_batch``, ``batch_out_of_scope``,
-``context_out_of_scope``, ``fast_path_unavailable``. The switch being off reports nothing.
+``context_out_of_scope``, ``fast_path_unavailable``, ``draft_out_of_scope`` (a speculative
+verify step). The switch being off reports nothing.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ SWITCH_VALUE = "latency_specialized"
 SPEC_PATH = Path(__file__).resolve().parent.parent / "fastpath.toml"
 
 # Step kinds the caller may pass, and the refusal reason each maps to.
-KIND_REASONS = {"prefill": "prefill", "mixed": "mixed_batch", "mixed_batch": "mixed_batch"}
+KIND_REASONS = {"prefill": "prefill", "mixed": "mixed_batch", "mixed_batch": "mixed_batch",
+                # speculative verify steps (T > 1 tokens per sequence): no fast kernels for them yet
+                "verify": "draft_out_of_scope"}
 
 
 def own_switch() -> dict[str, str]:
