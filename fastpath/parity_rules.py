@@ -51,8 +51,15 @@ def top1_verdict(fast_ok: Any, standard_ok: Any, *, min_agreement: float, alpha:
             "min_agreement": min_agreement}
 
 
+# KL below this is float rounding, not a difference: fp32 logits that differ only in their last
+# bits give KL ~1e-13 (seen on vLLM's CPU build, where standard and oracle are both fp32 and the
+# floor is exactly 0); a bf16 / fp16 floor is ~1e-5 and more, far above it.
+KL_RESOLUTION = 1e-9
+
+
 def kl_verdict(kl_standard_fast: Any, kl_oracle_standard: Any, *, factor: float, alpha: float) -> dict:
-    """Per-position KL(standard || fast) against factor x the floor KL(oracle || standard)."""
+    """Per-position KL(standard || fast) against factor x the floor KL(oracle || standard)
+    (plus KL_RESOLUTION, so two paths equal to float rounding pass when the floor is 0)."""
     k = np.asarray(kl_standard_fast, dtype=np.float64)
     f = np.asarray(kl_oracle_standard, dtype=np.float64)
     n = int(k.size)
@@ -64,6 +71,6 @@ def kl_verdict(kl_standard_fast: Any, kl_oracle_standard: Any, *, factor: float,
     sd = float(np.std(f, ddof=1)) if n > 1 else 0.0
     slack = float(st.t.ppf(1.0 - alpha, n - 1)) * sd / math.sqrt(n) if n > 1 else 0.0
     value, floor = float(k.mean()), float(f.mean())
-    threshold = factor * (floor + slack)
+    threshold = factor * (floor + slack) + KL_RESOLUTION
     return {"value": value, "threshold": threshold, "passed": bool(value <= threshold), "n": n, "floor": floor,
             "slack": slack, "factor": factor, "alpha": alpha, "ratio": value / floor if floor > 0 else math.inf}

@@ -103,6 +103,10 @@ def test_parity_kl_slack_shrinks_with_the_positions():
     v = kl_verdict(scattered, floor, factor=3.0, alpha=0.001)
     assert not v["passed"] and v["slack"] == kl_verdict(floor, floor, factor=3.0, alpha=0.001)["slack"]
     assert not kl_verdict(np.array([1e-5, np.inf]), np.array([1e-5, 1e-5]), factor=3.0, alpha=0.001)["passed"]
+    # equal to float rounding with a floor of exactly 0 (fp32 standard and oracle, as on vLLM's CPU build)
+    zero = np.zeros(40)
+    assert kl_verdict(np.full(40, 2.7e-13), zero, factor=4.0, alpha=0.001)["passed"]
+    assert not kl_verdict(np.full(40, 1e-6), zero, factor=4.0, alpha=0.001)["passed"]
 
 
 def test_parity_buckets_cross_every_tuning_boundary_and_run_a_long_horizon():
