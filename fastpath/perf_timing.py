@@ -83,7 +83,8 @@ def summary_table(cases: list[dict]) -> str:
     """The K3-style summary (markdown), one block per context: batch | standard tok/s | fast
     tok/s | speedup [CI] | MBU (fast) | MBU (standard) | outcome. ``cases``: dicts with batch,
     context, std_tok_s, fast_tok_s, speedup, ci_low, ci_high, outcome, and optionally mbu,
-    mbu_standard (None when unknown) and eager_tok_s."""
+    mbu_standard (None when unknown), eager_tok_s and baseline (the gated one; "standard_eager":
+    the speedup and MBU (standard) are against the eager step, marked "vs eager")."""
     lines: list[str] = []
     eager = any(c.get("eager_tok_s") is not None for c in cases)
     for context in sorted({c["context"] for c in cases}):
@@ -95,7 +96,8 @@ def summary_table(cases: list[dict]) -> str:
         for c in sorted((c for c in cases if c["context"] == context), key=lambda c: c["batch"]):
             mbu = ["–" if c.get(k) is None else f"{100 * c[k]:.0f} %" for k in ("mbu", "mbu_standard")]
             cells = [str(c["batch"]), f"{c['std_tok_s']:,.0f}", f"{c['fast_tok_s']:,.0f}",
-                     f"{c['speedup']:.2f}x [{c['ci_low']:.2f}, {c['ci_high']:.2f}]", *mbu, c["outcome"]]
+                     f"{c['speedup']:.2f}x [{c['ci_low']:.2f}, {c['ci_high']:.2f}]"
+                     + (" vs eager" if c.get("baseline") == "standard_eager" else ""), *mbu, c["outcome"]]
             if eager:
                 e = c.get("eager_tok_s")
                 cells.insert(2, "–" if e is None else f"{e:,.0f}")

@@ -71,7 +71,7 @@ def test_speedup_case_reports_paths_roofline_and_abba_order(perf_run):
     head = by[("speedup_ci_low", "fast")]
     ev = json.loads(head["evidence"])
     assert ev["order"] == "ABBA" * 2  # smoke_rounds = 2, what the timer saw
-    assert len(ev["standard_s"]) == len(ev["fast_s"]) == 2
+    assert len(ev["baseline_s"]) == len(ev["fast_s"]) == 2 and ev["baseline"] == "standard"
     assert ev["traffic"]["total"] == by[("bytes_per_step", None)]["value"]
     assert json.loads(by[("experts_touched", None)]["detail"])["per_layer"]  # routed experts per MoE layer
     mbu = by[("mbu", "fast")]["value"]
@@ -214,3 +214,16 @@ def test_verify_prints_a_verdict_with_info_only_gates():
     out = io.StringIO()
     _print_verdict(V(), Console(file=out, width=200))
     assert "g_info" in out.getvalue() and "info" in out.getvalue()
+
+
+def test_the_faster_standard_step_is_the_gated_baseline():
+    perf = load_suite("perf")
+    seconds = {"compiled": 2.0e-3, "eager": 1.5e-3}
+
+    def timer(step, replays):  # a step "is" its name here; the timer returns its seconds per step
+        return seconds[step]
+
+    assert perf.faster_baseline("compiled", "eager", 2, 20, timer) == ("standard_eager", "eager", "standard",
+                                                                        [2.0e-3, 2.0e-3])
+    seconds["eager"] = 2.5e-3
+    assert perf.faster_baseline("compiled", "eager", 2, 20, timer)[:3] == ("standard", "compiled", "standard_eager")
