@@ -138,7 +138,7 @@ def test_decode_step_with_a_draft_runs_the_fast_verify_step(fast):
 
 
 @pytest.mark.parametrize("batch,draft,reason", [(16, 7, "verify_rows_out_of_scope"), (1, 8, "draft_out_of_scope"),
-                                                (2, 0, "draft_out_of_scope"), (65, 1, "verify_rows_out_of_scope")])
+                                                (2, -1, "draft_out_of_scope"), (65, 1, "verify_rows_out_of_scope")])
 def test_out_of_scope_verify_steps_refuse_with_their_reason(batch, draft, reason):
     assert dispatch.decide(batch, 100, "verify", draft) == reason
     with trace.recording() as rec:

@@ -23,7 +23,7 @@ def make_decode_step(dec: Any, batch: int, context: int, draft: int = 0, seed: i
         state.lengths.fill_(context)
     base = state.lengths.clone()
     gen = torch.Generator().manual_seed(seed)
-    step = dec.step_for(batch, T)
+    step = dec.step_for(batch, T, verify=bool(draft))
     bufs = step.bufs
     # the same tokens as the standard path's benchmark step (runner._bench_inputs)
     shape = (batch, T) if draft else (batch,)
@@ -68,7 +68,7 @@ def make_decode_step(dec: Any, batch: int, context: int, draft: int = 0, seed: i
             bufs.tokens.copy_(tokens)
             trace.refused("decode_graph", "no_cuda" if dec.device.type != "cuda" else "graphs_off",
                           batch=batch)
-            dec.step_for(batch, T)(state)  # (the plan of the table in use now, as every step)
+            dec.step_for(batch, T, verify=bool(draft))(state)  # (the plan of the table in use now, as every step)
             sample()
 
     return run_eager

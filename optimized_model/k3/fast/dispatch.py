@@ -21,7 +21,7 @@ reports ``refused(component, reason)`` for every fast component and returns None
 Reasons (docs/architecture.md): ``prefill``, ``mixed_batch``, ``batch_out_of_scope``,
 ``context_out_of_scope``, ``fast_path_unavailable``, and for speculative verify steps
 (``kind="verify"``, ``draft`` = T - 1 tokens after the last emitted one) ``draft_out_of_scope``
-(draft not in 1 ..= MAX_DRAFT) and ``verify_rows_out_of_scope`` (B*T
+(draft not in 0 ..= MAX_DRAFT) and ``verify_rows_out_of_scope`` (B*T
 rows beyond the largest batch the tuning tables and buffers are declared for: GEMM territory).
 The switch being off reports nothing.
 """
@@ -133,11 +133,12 @@ def decide(batch: int, context: int, kind: str = "decode", draft: int = 0) -> st
     In scope: a decode step of 1 ..= max(scope.batch_sizes) sequences (a batch between two
     listed sizes, e.g. 3, runs too: graphs are captured per actual batch) at a context within
     ``features.max_context``, where the fast kernels can run. A verify step (``kind="verify"``)
-    of ``draft`` + 1 tokens per sequence: also 1 <= draft <= MAX_DRAFT and batch * (draft + 1) rows <= max(scope.batch_sizes) (the
+    of ``draft`` + 1 tokens per sequence: also 0 <= draft <= MAX_DRAFT (0: no row proposed a
+    draft this step) and batch * (draft + 1) rows <= max(scope.batch_sizes) (the
     GEMV / MoE kernels run the step as that many rows; the tables' buckets end there)."""
     sc = scope()
     if kind == "verify":
-        if draft < 1 or draft > MAX_DRAFT:
+        if draft < 0 or draft > MAX_DRAFT:
             return "draft_out_of_scope"
         if batch >= 1 and batch * (draft + 1) > sc["batch_sizes"][-1]:
             return "verify_rows_out_of_scope"

@@ -63,11 +63,12 @@ class FastDecoder:
 
         self.sampler = FastSampler(n_valid=cfg.n_real_tokens)
 
-    def step_for(self, B: int, T: int = 1) -> DecodeStep:
+    def step_for(self, B: int, T: int = 1, verify: bool = False) -> DecodeStep:
         """The step of batch ``B``: its plan resolved from the tuning table the first time (and
-        again only if the table in use was swapped since), its buffers allocated once. ``T`` > 1:
-        the verify step of B sequences x T tokens (verify_step.py), planned as B*T rows."""
-        key = (B, T)
+        again only if the table in use was swapped since), its buffers allocated once.
+        ``verify``: the verify step of B sequences x T tokens (verify_step.py), planned as B*T
+        rows (T = 1 too: a verify step whose rows proposed no draft)."""
+        key = (B, T, verify)
         step = self._steps.get(key)
         if step is None or not is_current(step.plan, self.device):
             M = B * T
@@ -79,7 +80,7 @@ class FastDecoder:
                                                    block_m, self.device, self.dtype, self.on_cuda)
             args = (self.cfg, self.layers, self.head, plan, bufs, self.streams, self._launcher, self.device,
                     self.on_cuda)
-            if T == 1:
+            if not verify:
                 step = DecodeStep(*args)
             else:
                 old = self._steps.get(key)
@@ -114,7 +115,7 @@ class FastDecoder:
         [B, T, V] (a fresh tensor) and the trail for ``K3Model.commit`` (the step's static
         buffers: commit before the next verify step of this shape)."""
         B, T = tokens.shape
-        step = self.step_for(B, T)
+        step = self.step_for(B, T, verify=True)
         step.bufs.tokens.copy_(tokens.reshape(-1).to(self.device))
         if self.use_graphs:
             self.graphs.replay(step, state)
