@@ -73,19 +73,20 @@ def test_decode_step_with_a_draft_is_a_verify_step_at_a_fixed_context(std):
         step()
     from optimized_model.k3.fast import dispatch
 
-    assert dispatch.decide(2, 40, "verify") == "draft_out_of_scope"
+    assert dispatch.decide(2, 40, "verify", 3) is None  # the fast path runs it (tests/test_fast_verify.py)
+    assert dispatch.decide(2, 40, "verify", 8) == "draft_out_of_scope"
 
 
-def test_fast_path_refuses_verify_steps_with_the_declared_reason():
+def test_fast_path_refuses_out_of_scope_verify_steps_with_the_declared_reason():
     from fastpath import trace
     from optimized_model.k3.fast import dispatch
 
     fast = EmbeddedEngine(config="tiny", device="cpu", dtype="float32").load(
         "fast", additional_config=dispatch.switch_config())
     with trace.recording() as rec:
-        fast.decode_step(1, 16, draft=3)()
+        fast.decode_step(1, 16, draft=8)()
         out = fast.generate([GenerationRequest(prompt_ids=TOK.encode("abab"), max_tokens=6, ignore_eos=True)],
-                            speculative={"method": "synthetic", "num_speculative_tokens": 3, "acceptance_length": 3})
+                            speculative={"method": "synthetic", "num_speculative_tokens": 8, "acceptance_length": 3})
     reasons = {e.detail for e in rec.events if e.kind == "refused"}
     assert "draft_out_of_scope" in reasons and len(out[0].token_ids) == 6
 

@@ -71,12 +71,12 @@ class K3Runner:
         self._graphs.clear()
 
     # -- dispatch -----------------------------------------------------------------------------
-    def _select(self, batch: int, context: int, kind: str):
+    def _select(self, batch: int, context: int, kind: str, draft: int = 0):
         if not self.fast_mode:
             return None
         from .fast import dispatch
 
-        return dispatch.select_decode(batch, context, kind, decoder=self.fast)
+        return dispatch.select_decode(batch, context, kind, decoder=self.fast, draft=draft)
 
     # -- state pool -----------------------------------------------------------------------------
     def state(self, batch: int, capacity: int) -> DecodeState:
@@ -154,12 +154,15 @@ class K3Runner:
     # -- speculative decoding ----------------------------------------------------------------------
     def verify(self, tokens: torch.Tensor, state: DecodeState):
         """A verify step of ``tokens [B, T]`` (model.verify: eager, no CUDA graph) -> (logits
-        [B, T, V] fp32, trail for ``commit``). On the fast path it is refused with the declared
-        reason (dispatch: ``draft_out_of_scope``) and runs here."""
+        [B, T, V] fp32, trail for ``commit``). On the fast path an in-scope step runs on the
+        fast decoder (its trail has the same layout, so ``commit`` serves both); an
+        out-of-scope one is refused with the declared reason (dispatch) and runs here."""
         B, T = tokens.shape
         if state.max_len + T > state.capacity:
             self._grow(state, state.max_len + T)
-        self._select(B, state.max_len, "verify")
+        fast = self._select(B, state.max_len, "verify", draft=T - 1)
+        if fast is not None:
+            return fast.verify(tokens, state)
         return self.model.verify(tokens.to(self.device), state)
 
     def commit(self, state: DecodeState, trail, keep: list[int]) -> None:
@@ -277,9 +280,9 @@ class K3Runner:
         the same work. On GPU the step is a CUDA-graph replay."""
         kind = "verify" if draft else "decode"
         if self.fast_mode:
-            fast = self._select(batch, context, kind)
+            fast = self._select(batch, context, kind, draft)
             if fast is not None:
-                return fast.decode_step(batch, context)
+                return fast.decode_step(batch, context, draft)
         state, tokens = self._bench_inputs(batch, context, seed, draft)
         base = state.lengths.clone()
         if draft:  # a verify step of draft + 1 tokens that keeps them all (eager inside the graph)
@@ -311,7 +314,7 @@ class K3Runner:
             return run
 
         def fallback() -> None:  # fast path on, step out of its scope: report on every run
-            self._select(batch, context, kind)
+            self._select(batch, context, kind, draft)
             run()
 
         return fallback

@@ -19,8 +19,11 @@ How the model code (optimized_model/k3) uses this module::
 reports ``refused(component, reason)`` for every fast component and returns None.
 
 Reasons (docs/architecture.md): ``prefill``, ``mixed_batch``, ``batch_out_of_scope``,
-``context_out_of_scope``, ``fast_path_unavailable``, ``draft_out_of_scope`` (a speculative
-verify step). The switch being off reports nothing.
+``context_out_of_scope``, ``fast_path_unavailable``, and for speculative verify steps
+(``kind="verify"``, ``draft`` = T - 1 tokens after the last emitted one) ``draft_out_of_scope``
+(draft not in 0 ..= MAX_DRAFT) and ``verify_rows_out_of_scope`` (B*T
+rows beyond the largest batch the tuning tables and buffers are declared for: GEMM territory).
+The switch being off reports nothing.
 """
 
 from __future__ import annotations
@@ -41,9 +44,11 @@ SWITCH_VALUE = "latency_specialized"
 SPEC_PATH = Path(__file__).resolve().parent.parent / "fastpath.toml"
 
 # Step kinds the caller may pass, and the refusal reason each maps to.
-KIND_REASONS = {"prefill": "prefill", "mixed": "mixed_batch", "mixed_batch": "mixed_batch",
-                # speculative verify steps (T > 1 tokens per sequence): no fast kernels for them yet
-                "verify": "draft_out_of_scope"}
+KIND_REASONS = {"prefill": "prefill", "mixed": "mixed_batch", "mixed_batch": "mixed_batch"}
+# The longest draft a verify step may carry: the verify kernels are specialised (T = draft + 1
+# as a constexpr) and tested up to it. Shorter drafts run too (an n-gram drafter often proposes
+# fewer than K); the spec's [scope] draft_lengths says which ones the suites measure.
+MAX_DRAFT = 7
 
 
 def own_switch() -> dict[str, str]:
@@ -71,7 +76,8 @@ def switch_on(config: Any) -> bool:
 @lru_cache(maxsize=1)
 def scope() -> dict:
     """The fast path's declared scope, read from the spec beside the model (one source of truth).
-    Returns {"batch_sizes": [...], "context_lengths": [...], "max_context": int}."""
+    Returns {"batch_sizes": [...], "context_lengths": [...], "max_context": int,
+    "draft_lengths": [...]}."""
     try:
         with open(SPEC_PATH, "rb") as fh:
             spec = tomllib.load(fh)
@@ -79,9 +85,10 @@ def scope() -> dict:
         batch = sorted(int(b) for b in sc.get("batch_sizes", [1, 2, 4, 8, 16, 32, 64]))
         ctx = sorted(int(c) for c in sc.get("context_lengths", [32768]))
         max_ctx = int(spec.get("features", {}).get("max_context", max(ctx)))
+        drafts = sorted(int(d) for d in sc.get("draft_lengths", [0]))
     except (OSError, tomllib.TOMLDecodeError):  # pragma: no cover - spec always shipped
-        batch, ctx, max_ctx = [1, 2, 4, 8, 16, 32, 64], [32768], 32768
-    return {"batch_sizes": batch, "context_lengths": ctx, "max_context": max_ctx}
+        batch, ctx, max_ctx, drafts = [1, 2, 4, 8, 16, 32, 64], [32768], 32768, [0]
+    return {"batch_sizes": batch, "context_lengths": ctx, "max_context": max_ctx, "draft_lengths": drafts}
 
 
 def graph_batch(batch: int) -> int:
@@ -120,15 +127,24 @@ def refuse_all(reason: str, **shape: Any) -> None:
         trace.refused(name, reason, **shape)
 
 
-def decide(batch: int, context: int, kind: str = "decode") -> str | None:
+def decide(batch: int, context: int, kind: str = "decode", draft: int = 0) -> str | None:
     """Pure decision (no trace): None if the step is in scope, else the refusal reason.
 
     In scope: a decode step of 1 ..= max(scope.batch_sizes) sequences (a batch between two
     listed sizes, e.g. 3, runs too: graphs are captured per actual batch) at a context within
-    ``features.max_context``, where the fast kernels can run."""
-    if kind != "decode":
-        return KIND_REASONS.get(kind, kind)
+    ``features.max_context``, where the fast kernels can run. A verify step (``kind="verify"``)
+    of ``draft`` + 1 tokens per sequence: also 0 <= draft <= MAX_DRAFT (0: no row proposed a
+    draft this step) and batch * (draft + 1) rows <= max(scope.batch_sizes) (the
+    GEMV / MoE kernels run the step as that many rows; the tables' buckets end there)."""
     sc = scope()
+    if kind == "verify":
+        if draft < 0 or draft > MAX_DRAFT:
+            return "draft_out_of_scope"
+        if batch >= 1 and batch * (draft + 1) > sc["batch_sizes"][-1]:
+            return "verify_rows_out_of_scope"
+        context += draft  # the window's last token sits at context + draft
+    elif kind != "decode":
+        return KIND_REASONS.get(kind, kind)
     if batch < 1 or batch > sc["batch_sizes"][-1]:
         return "batch_out_of_scope"
     if context < 0 or context > sc["max_context"]:
@@ -139,20 +155,23 @@ def decide(batch: int, context: int, kind: str = "decode") -> str | None:
     return None
 
 
-def select_decode(batch: int, context: int, kind: str = "decode", *, decoder: Any = None) -> Any:
+def select_decode(batch: int, context: int, kind: str = "decode", *, decoder: Any = None,
+                  draft: int = 0) -> Any:
     """THE dispatch point. In-scope decode step with a fast decoder → returns the decoder
     (a ``runtime.FastDecoder``). Otherwise reports ``refused`` for every component with the
     reason (``prefill`` | ``mixed_batch`` | ``batch_out_of_scope`` | ``context_out_of_scope``
     | ``fast_path_unavailable``) and returns None; the caller then runs the standard path.
 
-    ``kind``: "decode" | "prefill" | "mixed". ``decoder``: what ``build_fast_decoder``
+    ``kind``: "decode" | "verify" (``draft`` tokens after the last emitted one; the decoder's
+    ``verify`` then runs it) | "prefill" | "mixed". ``decoder``: what ``build_fast_decoder``
     returned (None means the fast path could not be built → ``fast_path_unavailable``).
     """
-    reason = decide(batch, context, kind)
+    reason = decide(batch, context, kind, draft)
     if reason is None and decoder is None:
         reason = "fast_path_unavailable"
     if reason is not None:
-        refuse_all(reason, batch=batch, context=context)
+        shape = {"draft": draft} if kind == "verify" else {}
+        refuse_all(reason, batch=batch, context=context, **shape)
         return None
     return decoder
 

@@ -57,7 +57,7 @@ class GraphCache:
 
     def replay(self, step: Any, state: Any) -> None:
         """Replay the graph of (this batch, these state tensors), capturing it first if new."""
-        skey = (step.plan.batch, state_key(state))
+        skey = (step.plan.batch, getattr(step, "T", 0), state_key(state))  # T: a verify step
         entry = self._graphs.get(skey)
         if entry is None:
             if len(self._graphs) >= self.max_graphs:

@@ -8,6 +8,7 @@ buffers and (on CUDA) one CUDA graph per (batch, state).
   schedule.py    the CUDA streams and the L2 prefetches
   gemv_call.py   one GEMV launch at a call site (Triton or the CuTe twin, split-K scratch)
   graphs.py      the CUDA-graph cache and capture
+  verify_step.py a speculative verify step (B sequences x T tokens as B*T rows)
   bench_hook.py  ``decode_step``, the benchmark hook
 
 On CPU (Triton interpreter) the step runs eagerly, sequentially, and ``decode_graph`` is
@@ -31,6 +32,7 @@ from .packed import pack_head, pack_layer
 from .schedule import Streams
 from .step import DecodeStep
 from .step_plan import build_plan, is_current
+from .verify_step import VerifyStep, new_trail
 from .tuning import L2_SITES  # noqa: F401  (where the step can prefetch; tests read it here)
 
 
@@ -61,19 +63,30 @@ class FastDecoder:
 
         self.sampler = FastSampler(n_valid=cfg.n_real_tokens)
 
-    def step_for(self, B: int) -> DecodeStep:
+    def step_for(self, B: int, T: int = 1, verify: bool = False) -> DecodeStep:
         """The step of batch ``B``: its plan resolved from the tuning table the first time (and
-        again only if the table in use was swapped since), its buffers allocated once."""
-        step = self._steps.get(B)
+        again only if the table in use was swapped since), its buffers allocated once.
+        ``verify``: the verify step of B sequences x T tokens (verify_step.py), planned as B*T
+        rows (T = 1 too: a verify step whose rows proposed no draft)."""
+        key = (B, T, verify)
+        step = self._steps.get(key)
         if step is None or not is_current(step.plan, self.device):
-            plan = build_plan(self.cfg, self.layers, self.head.lm_head, B, self.device, self.on_cuda)
-            bufs = self._buffers.get(B)
+            M = B * T
+            plan = build_plan(self.cfg, self.layers, self.head.lm_head, M, self.device, self.on_cuda)
+            bufs = self._buffers.get(M)  # a decode step of M rows and a verify step share them
             if bufs is None:
                 block_m = plan.moe.experts_block_m if plan.moe else 1
-                bufs = self._buffers[B] = allocate(self.cfg, [p.attn.w_in.shape[0] for p in self.layers], B,
+                bufs = self._buffers[M] = allocate(self.cfg, [p.attn.w_in.shape[0] for p in self.layers], M,
                                                    block_m, self.device, self.dtype, self.on_cuda)
-            step = self._steps[B] = DecodeStep(self.cfg, self.layers, self.head, plan, bufs, self.streams,
-                                               self._launcher, self.device, self.on_cuda)
+            args = (self.cfg, self.layers, self.head, plan, bufs, self.streams, self._launcher, self.device,
+                    self.on_cuda)
+            if not verify:
+                step = DecodeStep(*args)
+            else:
+                old = self._steps.get(key)
+                trail = old.trail if old is not None else new_trail(self.cfg, B, T, self.device, self.dtype)
+                step = VerifyStep(*args, tokens=T, trail=trail)
+            self._steps[key] = step
         return step
 
     def buffers(self, B: int) -> StepBuffers:
@@ -96,8 +109,25 @@ class FastDecoder:
             state.max_len += 1
         return out
 
+    @torch.inference_mode()
+    def verify(self, tokens: torch.Tensor, state: Any) -> tuple[torch.Tensor, Any]:
+        """A verify step of ``tokens [B, T]`` (``K3Model.verify``'s contract): fp32 logits
+        [B, T, V] (a fresh tensor) and the trail for ``K3Model.commit`` (the step's static
+        buffers: commit before the next verify step of this shape)."""
+        B, T = tokens.shape
+        step = self.step_for(B, T, verify=True)
+        step.bufs.tokens.copy_(tokens.reshape(-1).to(self.device))
+        if self.use_graphs:
+            self.graphs.replay(step, state)
+            out = step.bufs.logits.clone()
+        else:
+            trace.refused("decode_graph", "no_cuda" if self.device.type != "cuda" else "graphs_off", batch=B)
+            out = step(state).clone()
+        return out.view(B, T, -1), step.trail
+
     def decode_step(self, batch: int, context: int, draft: int = 0, seed: int = 0) -> Callable[[], None]:
         """A callable running one fast decode step of ``batch`` sequences at ``context`` tokens
         (lengths reset to ``context`` inside the step), greedy-sampled by the fused sampler
-        (so the step covers every component). A CUDA-graph replay on CUDA."""
+        (so the step covers every component). A CUDA-graph replay on CUDA. ``draft`` > 0: a
+        verify step of draft + 1 tokens per sequence that keeps them all."""
         return make_decode_step(self, batch, context, draft, seed)

@@ -64,8 +64,7 @@ class DecodeStep:
             torch.index_select(self.head.embed, 0, b.tokens, out=b.xa)
             for i, p in enumerate(self.layers):
                 with trace.layer(i):  # every event of the layer names it (the coverage gate's per-layer check)
-                    attend = attention.kda if p.kind == "kda" else attention.mla
-                    attend(self, i, p, state, b.xa, b.xb)  # xa → xb = xa + attention
+                    self.attend(i, p, state, b.xa, b.xb)  # xa → xb = xa + attention
                     if p.ffn_kind == "dense":
                         self.dense_ffn(i, p, b.xb, b.xa)  # xb → xa = xb + FFN
                     else:
@@ -74,9 +73,16 @@ class DecodeStep:
             c = self.gemv("lm_head", b.xa, self.head.lm_head, b.logits[:, : cfg.n_real_tokens],
                           norm_weight=self.head.final_norm)
             trace.engaged("lm_head", G.variant_name(B, c), batch=B, vocab=cfg.n_real_tokens, hidden=cfg.hidden)
-            state.lengths.add_(1)
+            self.advance(state)
         self.l2.join()
         return b.logits
+
+    def attend(self, i: int, p: PackedLayer, state: Any, x, x_out) -> None:
+        """x → x_out = x + attention(x) (a verify step overrides it: verify_step.py)."""
+        (attention.kda if p.kind == "kda" else attention.mla)(self, i, p, state, x, x_out)
+
+    def advance(self, state: Any) -> None:
+        state.lengths.add_(1)
 
     def dense_ffn(self, i: int, p: PackedLayer, x, x_out) -> None:
         h = self.bufs.ffn_h[:, : self.cfg.dense_inter]

@@ -20,11 +20,16 @@ from .pdl import pdl_enter
 @triton.jit
 def fp_add_rmsnorm_kernel(X, R, W, Y, H, POS, eps, stride_x, stride_r, stride_y, stride_h, stride_pos,
                           N: tl.constexpr, BLOCK: tl.constexpr, HAS_R: tl.constexpr,
-                          WRITE_H: tl.constexpr, HAS_POS: tl.constexpr, PDL: tl.constexpr):
+                          WRITE_H: tl.constexpr, HAS_POS: tl.constexpr, PDL: tl.constexpr,
+                          TQ: tl.constexpr = 1):
     row = tl.program_id(0)
     pdl_enter(PDL)
     if HAS_POS:  # write row b at position pos[b] of a cache [B, T, N] (MLA latent cache)
-        Y += tl.load(POS + row).to(tl.int64) * stride_pos
+        if TQ == 1:
+            Y += tl.load(POS + row).to(tl.int64) * stride_pos
+        else:  # a verify step: row b*TQ + t goes to sequence b, position pos[b] + t
+            seq = row // TQ
+            Y += (seq - row) * stride_y + (tl.load(POS + seq).to(tl.int64) + row % TQ) * stride_pos
     cols = tl.arange(0, BLOCK)
     ok = cols < N
     h = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
@@ -38,10 +43,13 @@ def fp_add_rmsnorm_kernel(X, R, W, Y, H, POS, eps, stride_x, stride_r, stride_y,
     tl.store(Y + row * stride_y + cols, (h * rstd * w).to(Y.dtype.element_ty), mask=ok)
 
 
-def add_rmsnorm(x, weight, residual=None, *, eps=1e-6, out=None, residual_out=None, positions=None):
+def add_rmsnorm(x, weight, residual=None, *, eps=1e-6, out=None, residual_out=None, positions=None,
+                rows_per_seq=1):
     """Returns y (and writes ``residual_out`` = x + residual when given). x: [M, N].
     ``positions`` (int [M], device): ``out`` is a cache [M, T, N] and row b goes to
-    ``out[b, positions[b]]`` (the MLA latent write of a decode step)."""
+    ``out[b, positions[b]]`` (the MLA latent write of a decode step). ``rows_per_seq`` = T > 1
+    (a verify step): x has B*T rows, ``positions`` [B], row b*T + t goes to
+    ``out[b, positions[b] + t]``."""
     M, N = x.shape
     if positions is not None:
         assert out is not None and out.dim() == 3 and out.stride(2) == 1
@@ -56,7 +64,7 @@ def add_rmsnorm(x, weight, residual=None, *, eps=1e-6, out=None, residual_out=No
         residual_out.stride(0) if residual_out is not None else 0,
         out.stride(1) if positions is not None else 0,
         N=N, BLOCK=BLOCK, HAS_R=residual is not None, WRITE_H=residual_out is not None,
-        HAS_POS=positions is not None,
+        HAS_POS=positions is not None, TQ=int(rows_per_seq),
         num_warps=4 if BLOCK <= 4096 else 8, **pdl.launch_args(),
     )
     return out

@@ -1,0 +1,110 @@
+"""A speculative verify step on the fast kernels: B sequences x T tokens (the last emitted token
+and T-1 drafts) run as M = B*T rows.
+
+Everything but the attention is row-wise, so it is the decode step of batch M (the same plan,
+buffers, GEMV / MoE / head kernels and tuning buckets, looked up at M). The attention is per
+sequence: KDA carries each sequence's state through its T tokens (``kda_verify``), MLA writes
+the window's T latents at lengths[b] .. lengths[b]+T-1 and attends causally (``mla_verify``).
+
+Like ``K3Model.verify`` the step leaves ``state.lengths`` as it was, ends the KDA states after
+all T tokens and fills a ``VerifyTrail`` (static buffers: conv windows, per-token states) in
+the standard path's layout, so ``K3Model.commit`` keeps each row's accepted prefix for both.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..model import VerifyTrail
+from .attention import _in_projection, _out_projection
+from .kernels import gemv as G
+from .kernels import norm as NORM
+from .packed import PackedLayer, columns
+from .step import DecodeStep
+
+
+def new_trail(cfg: Any, B: int, T: int, device, dtype) -> VerifyTrail:
+    """The trail's static buffers: per KDA layer (slot order) its conv input window
+    [B, 3d, W-1+T] and its state after each token [B, T, H, K, V] fp32."""
+    trail = VerifyTrail(T)
+    H, K, Wc = cfg.kda_heads, cfg.kda_head_dim, cfg.kda_conv
+    for _ in range(cfg.n_kda):
+        trail.conv.append(torch.empty(B, 3 * cfg.kda_dim, Wc - 1 + T, dtype=dtype, device=device))
+        trail.kda.append(torch.empty(B, T, H, K, K, dtype=torch.float32, device=device))
+    return trail
+
+
+class VerifyStep(DecodeStep):
+    """``step(state)`` runs the verify step of the tokens in ``bufs.tokens`` (row b*T + t) and
+    returns the logits buffer [B*T, V]; ``trail`` holds what ``commit`` needs."""
+
+    def __init__(self, *args: Any, tokens: int, trail: VerifyTrail, **kw: Any):
+        super().__init__(*args, **kw)
+        self.T = tokens
+        self.B = self.plan.batch // tokens
+        self.trail = trail
+
+    def attend(self, i: int, p: PackedLayer, state: Any, x, x_out) -> None:
+        (kda if p.kind == "kda" else mla)(self, i, p, state, x, x_out)
+
+    def advance(self, state: Any) -> None:
+        pass  # commit moves the lengths by what each row keeps
+
+
+def kda(s: VerifyStep, i: int, p: PackedLayer, state: Any, x, x_out) -> None:
+    """x → x_out = x + KDA(x) over T tokens per sequence; the trail gets the conv window and
+    the state after each token."""
+    from .kernels.kda_verify import kda_verify
+
+    cfg, plan, bufs, w = s.cfg, s.plan.kda, s.bufs, p.attn
+    proj, c_in = _in_projection(s, i, p, x, "kda_o")
+    col = lambda k: columns(proj, w, k)  # noqa: E731
+    d = cfg.kda_dim
+    if plan.fused_gates:
+        f = gate = None
+        low_rank = (col("fg"), w.f_b, w.g_b)
+    else:
+        fg = bufs.fg
+        s.gemv(f"L{i}.fg", col("fg"), w.w_fg, fg)
+        f, gate, low_rank = fg[:, :d], fg[:, d:], None
+    conv = state.conv[p.slot]
+    o = bufs.o[:, :d]
+    kda_verify(col("q"), col("k"), col("v"), f, col("b"), gate,
+               conv[:, :d], conv[:, d:2 * d], conv[:, 2 * d:], *w.conv_w,
+               w.A_log, w.dt_bias, state.kda[p.slot], w.o_norm,
+               tokens=s.T, num_heads=cfg.kda_heads, head_k=cfg.kda_head_dim, head_v=cfg.kda_head_dim,
+               states=s.trail.kda[p.slot], window=s.trail.conv[p.slot],
+               eps_l2=1e-6, eps_norm=cfg.norm_eps, lower_bound=cfg.kda_lower_bound, out=o,
+               low_rank=low_rank)
+    _out_projection(s, i, p, o, x, x_out, c_in, "kda_in")
+
+
+def mla(s: VerifyStep, i: int, p: PackedLayer, state: Any, x, x_out) -> None:
+    """x → x_out = x + MLA(x): the T latents of each sequence go to the cache first, then each
+    query attends causally (itself and what precedes it)."""
+    from .kernels.mla_verify import mla_verify
+
+    cfg, plan, bufs, w = s.cfg, s.plan.mla, s.bufs, p.attn
+    B, T = s.B, s.T
+    H, C, nope, v = cfg.mla_heads, cfg.kv_lora, cfg.qk_nope, cfg.v_head
+    proj, c_in = _in_projection(s, i, p, x, "mla_o")
+    col = lambda k: columns(proj, w, k)  # noqa: E731
+    q = bufs.q
+    s.gemv(f"L{i}.q_b", col("q_a"), w.q_b, q, norm_weight=w.q_a_norm)
+    q_lat = bufs.q_lat
+    G.gemv(q[:, :nope], w.w_ukT[0], out=q_lat[:, 0], config=s.plan.gemv[f"L{i}.uk"],
+           groups=(H, nope, C * nope, C, 0))
+    cache = state.latent[p.slot]
+    NORM.add_rmsnorm(col("kv"), w.kv_a_norm, eps=cfg.norm_eps, out=cache, positions=state.lengths,
+                     rows_per_seq=T)
+    o_lat = bufs.o_lat
+    mla_verify(q_lat.view(B, T * H, C), cache, state.lengths, tokens=T, scale=nope ** -0.5,
+               length_offset=1, max_len=cache.shape[1], out=o_lat.view(B, T * H, C),
+               block_h=plan.block_h, min_chunk=plan.min_chunk, max_splits=plan.max_splits, waves=plan.waves)
+    o = bufs.o[:, : H * v]
+    w_uv = w.kv_b[nope: nope + v]
+    G.gemv(o_lat[:, 0], w_uv, out=o[:, :v], epilogue="sigmoid_gate", gate=col("gate")[:, :v],
+           config=s.plan.gemv[f"L{i}.uv"], groups=(H, C, (nope + v) * C, v, v))
+    _out_projection(s, i, p, o, x, x_out, c_in, "mla_in")
