@@ -92,12 +92,14 @@ def evals_run(fp_engine, fp_models, fp_spec, fp_tier, request, tmp_path_factory)
             for name, t in r.tasks.items():
                 logs[f"{label}/{name}"] = samples.write(Path(out) / "evals" / "samples" / label / f"{name}.jsonl",
                                                         t.samples)
-    # generate never mixes prefill and decode: a refusal other than "prefill" or one this machine
-    # explains (no_cuda on CPU) put standard steps under "fast"
+    # generate never mixes prefill and decode (vLLM: a call's prompts fit one step's token budget):
+    # a refusal other than "prefill" or one this machine explains (no_cuda on CPU) put standard
+    # steps under "fast"
     refused = sorted({f"{e.component}:{e.detail}" for e in rec.refused()
                       if e.detail != "prefill" and not H.environment_refusal(e.detail, fp_engine)})
     return {"runs": runs, "engaged": len(rec.engaged()), "refused": refused,
             "components": sorted({e.component for e in rec.engaged()}),
+            "engine": H.engine_summary(fp_engine),  # after the loads: vLLM's engine_starts counts them
             "rebatched_skipped": bool(skipped), "seconds": {k: round(r.seconds, 2) for k, r in runs.items()},
             "sample_logs": logs, "data": {t: samples.sha256_text(Path(f).read_text(encoding="utf-8"))
                                           for t, f in files.items()}}
@@ -239,7 +241,8 @@ def test_task(case, evals_run, fp_gate, fp_spec, record):
     record("evals_noninferiority", "score_difference_lower_bound", sc["ci_low"], threshold=-sc["margin"],
            comparator=">", passed=sc["passed"], path="fast", detail=H.jsonable(sc), message=msg,
            evidence=H.jsonable({"seconds": evals_run["seconds"], "sample_logs": evals_run["sample_logs"],
-                                "data_sha256": evals_run["data"], "rebatched_skipped": evals_run["rebatched_skipped"]}))
+                                "data_sha256": evals_run["data"], "rebatched_skipped": evals_run["rebatched_skipped"],
+                                "engine": evals_run["engine"]}))
     ga = fp_gate("evals_output_agreement")
     fo = [x.prefix_fraction for x in _agreements(evals_run, keys, "fast", "oracle")]
     so = [x.prefix_fraction for x in _agreements(evals_run, keys, "standard", "oracle")]
