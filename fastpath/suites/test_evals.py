@@ -61,6 +61,7 @@ def evals_run(fp_engine, fp_models, fp_spec, fp_tier, request, tmp_path_factory)
 
     tier, ev = H.tier_name(fp_tier), fp_spec.evals
     t0 = time.monotonic()
+    progress.note("loading the standard path")  # each path loads on first use: its note comes first
     std = fp_models["standard"]
     count = lambda msgs: len(std.tokenizer.apply_chat_template(msgs))  # noqa: E731
     work = tmp_path_factory.mktemp("evals")  # documents and laid-out tasks (pytest keeps the last few)
@@ -71,19 +72,20 @@ def evals_run(fp_engine, fp_models, fp_spec, fp_tier, request, tmp_path_factory)
     settings = _run_settings(fp_spec, tier)
     n_requests = sum(len(data.read_rows(f)) * settings[t]["repeats"] for t, f in files.items())
 
-    def one(label: str, model, reverse: bool = False, max_batch: int | None = None):
+    def one(label: str, path: str, reverse: bool = False, max_batch: int | None = None):
         progress.note(f"lm-eval on {label}")
-        return run.evaluate_path(label, model, tasks_dir, files, settings, max_batch=max_batch or ev["max_batch"],
-                                 max_prefill_tokens=ev["max_prefill_tokens"], seed=ev["seed"], reverse=reverse)
+        return run.evaluate_path(label, fp_models[path], tasks_dir, files, settings,
+                                 max_batch=max_batch or ev["max_batch"], max_prefill_tokens=ev["max_prefill_tokens"],
+                                 seed=ev["seed"], reverse=reverse)
 
-    runs = {"standard": one("standard", std)}
+    runs = {"standard": one("standard", "standard")}
     with trace.recording() as rec:
-        runs["fast"] = one("fast", fp_models["fast"])
-    runs["oracle"] = one("oracle", fp_models["oracle"])
+        runs["fast"] = one("fast", "fast")
+    runs["oracle"] = one("oracle", "oracle")
     budget = float(ev.get("budget_s") or 0)
     skipped = budget and time.monotonic() - t0 > budget
     if not skipped:  # the same requests in other batches: half as many per call, the other order
-        runs["rebatched"] = one("standard re-batched", std, reverse=True,
+        runs["rebatched"] = one("standard re-batched", "standard", reverse=True,
                                 max_batch=max(1, min(ev["max_batch"], n_requests) // 2))
     out = request.config.getoption("fastpath_artifacts", None)
     logs = {}
