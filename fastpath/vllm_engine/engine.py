@@ -6,9 +6,9 @@
 
 The model is a ``vllm.LLM``; the fast path is switched ONLY by ``additional_config`` (the spec's
 ``[switch]``), which vLLM hands to the model code; "standard" loads the same model without it and
-"oracle" without it in float32. Paths whose ``vllm.LLM`` arguments are identical share one LLM
-(standard and oracle when the engine's dtype is float32): ``info()["engine_starts"]`` counts the
-LLMs made. Parallelism (``tensor_parallel_size``, ``data_parallel_size``,
+"oracle" without it in float32, each its own ``vllm.LLM`` even when the arguments are the same
+(an fp32 standard shared with the oracle made the parity floor exactly 0, and any difference of the
+fast path failed it): ``info()["engine_starts"]`` counts the LLMs made. Parallelism (``tensor_parallel_size``, ``data_parallel_size``,
 ``decode_context_parallel_size``) goes to vLLM's own executor, from the engine options or the
 plan case (``load(..., parallel={"tp": 8, "dp": 1, "dcp": 1})``).
 
@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import gc
 import itertools
-import json
 import os
 import platform
 import shutil
@@ -141,8 +140,7 @@ def _sampling_params(vllm, req) -> Any:
 
 @dataclass
 class _Shared:
-    """One ``vllm.LLM`` and the state of its requests, shared by the paths that load it with the
-    same arguments (the oracle of a model served in float32 is its standard path: one engine start)."""
+    """One ``vllm.LLM`` and the state of its requests (``users``: the models on it; one per path today)."""
 
     llm: Any
     ids: Any = field(default_factory=itertools.count)  # request ids, unique per LLM
@@ -413,7 +411,6 @@ class VllmEngine:
         self.log_config, self.log_file = logs.write_logging_config(self.workdir)
         self._switch = options.get("switch")
         self._models: list[VllmModel] = []
-        self._llms: dict[str, _Shared] = {}  # vllm.LLM arguments (JSON) -> the LLM made with them
         self.engine_starts = 0  # vllm.LLM instances made (each a model load and a KV-cache allocation)
 
     # -- protocol ---------------------------------------------------------------------------
@@ -440,12 +437,7 @@ class VllmEngine:
         extra = dict(additional_config or {}) if path == "fast" else {}
         dtype = "float32" if path == "oracle" else self.options.get("dtype", "auto")
         kwargs = self._llm_kwargs(dtype, extra, dict(parallel or {}))
-        key = json.dumps(kwargs, sort_keys=True, default=str)
-        shared = self._llms.get(key)
-        if shared is None or shared.llm is None:
-            shared = self._llms[key] = _Shared(self._start(kwargs))
-        else:  # the same arguments as a loaded path (an fp32 standard is the oracle): no second start
-            shared.users += 1
+        shared = _Shared(self._start(kwargs))
         from vllm.platforms import current_platform
 
         llm = shared.llm
@@ -486,7 +478,6 @@ class VllmEngine:
         for m in self._models:
             m.close()
         self._models = []
-        self._llms = {}
         if self._own_workdir:  # the sink and vLLM's log file; a given ``workdir`` is kept
             shutil.rmtree(self.workdir, ignore_errors=True)
 
