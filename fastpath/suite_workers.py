@@ -34,6 +34,9 @@ EXCLUSIVE = ("perf",)
 # the kernels' interpreted jitter rounds), so the short suites fill the gaps at the end instead of
 # one long suite running alone
 LONG_FIRST = ("evals", "features", "kernels", "parity")
+# never sharded: every case reads one session-wide computation (evals: the four lm-eval runs),
+# which each shard would repeat whole (and load every model again)
+ONE_SESSION = ("evals",)
 WORKER_INTERRUPTED = 3
 STOP_GRACE_S = 60.0
 
@@ -48,10 +51,11 @@ def waves(todo: list[str]) -> list[list[str]]:
 
 def units(wave: list[str], jobs: int, cases: dict[str, int]) -> list[tuple[str, tuple[int, int]]]:
     """(suite, shard) to run, in order: a long suite with several cases is split into ``jobs``
-    shards (its cases dealt out in turn), so that no suite is left running alone at the end."""
+    shards (its cases dealt out in turn), so that no suite is left running alone at the end;
+    a ``ONE_SESSION`` suite is not."""
     out = []
     for suite in wave:
-        n = min(jobs, cases.get(suite, 1)) if suite in LONG_FIRST else 1
+        n = min(jobs, cases.get(suite, 1)) if suite in LONG_FIRST and suite not in ONE_SESSION else 1
         out += [(suite, (i, max(1, n))) for i in range(max(1, n))]
     return out
 

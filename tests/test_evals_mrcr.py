@@ -109,3 +109,17 @@ def test_a_draw_that_misses_its_bucket_draws_again_and_fitting_draws_never_chang
     assert mrcr.generate(20261203, [512, 2048], 3, count, max_gen_toks=3) == smoke
     with pytest.raises(ValueError, match="too small"):
         mrcr.generate(20261203, [1024], 4, count, max_gen_toks=320)
+
+
+def test_a_chat_template_that_refuses_an_empty_conversation_still_generates_the_same_documents():
+    """Hugging Face chat templates (the vllm engine's tokenizer) refuse an empty conversation: a
+    filler turn's cost is measured beside the final ask, which for a template rendering turn by
+    turn is the same number (the same documents)."""
+
+    def count_hf_like(msgs: list[dict]) -> int:
+        if not msgs:
+            raise ValueError("Cannot apply chat template to an empty conversation.")
+        return count_bytes(msgs)
+
+    assert mrcr.generate(7, [512, 2048], 3, count_hf_like, max_gen_toks=3) == \
+        mrcr.generate(7, [512, 2048], 3, count_bytes, max_gen_toks=3)

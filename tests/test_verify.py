@@ -163,6 +163,8 @@ def test_long_suites_run_as_shards_merged_back_into_one_suite(tmp_path):
     assert units(["features", "coverage"], 2, {"features": 9, "coverage": 16}) == [
         ("features", (0, 2)), ("features", (1, 2)), ("coverage", (0, 1))]
     assert units(["parity"], 2, {"parity": 1}) == [("parity", (0, 1))]
+    # the evals cases all read one session's lm-eval runs: two shards would each run them all
+    assert units(["evals", "coverage"], 2, {"evals": 9, "coverage": 16}) == [("evals", (0, 1)), ("coverage", (0, 1))]
     state = RunState(tmp_path)
     for i, status in enumerate(("done", "done")):
         state.rows_path("features", (i, 2)).parent.mkdir(parents=True, exist_ok=True)

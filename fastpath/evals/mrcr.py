@@ -117,14 +117,16 @@ def generate_doc(seed: int, target_tokens: int, n_needles: int,
         return [{"role": "user", "content": _ask(turn[0], turn[1])}, {"role": "assistant", "content": turn[2]}]
 
     # fillers are added on a per-turn token estimate (a full count per turn would be quadratic
-    # in the context); the exact count then trims them from the end
-    empty = count_tokens([])
+    # in the context); the exact count then trims them from the end. A turn's cost is measured
+    # beside the final ask, not against an empty conversation: Hugging Face chat templates refuse
+    # one (the same numbers for a template that renders turn by turn).
+    alone = count_tokens([final])
     estimate = count_tokens([m for t in needles for m in pair(t)] + [final])
     fillers: list[tuple[str, str, str]] = []
     while estimate <= target_tokens:
         f, t = rng.choice(others)
         fillers.append((f, t, _answer_text(rng, f, t, rng.randint(*answer_words))))
-        estimate += count_tokens(pair(fillers[-1])) - empty
+        estimate += count_tokens(pair(fillers[-1]) + [final]) - alone
     slots = sorted(rng.randint(0, len(fillers)) for _ in range(n_needles))
     while True:
         turns = list(fillers)

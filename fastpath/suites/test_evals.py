@@ -61,6 +61,7 @@ def evals_run(fp_engine, fp_models, fp_spec, fp_tier, request, tmp_path_factory)
 
     tier, ev = H.tier_name(fp_tier), fp_spec.evals
     t0 = time.monotonic()
+    progress.note("loading the standard path")  # each path loads on first use: its note comes first
     std = fp_models["standard"]
     count = lambda msgs: len(std.tokenizer.apply_chat_template(msgs))  # noqa: E731
     work = tmp_path_factory.mktemp("evals")  # documents and laid-out tasks (pytest keeps the last few)
@@ -71,19 +72,20 @@ def evals_run(fp_engine, fp_models, fp_spec, fp_tier, request, tmp_path_factory)
     settings = _run_settings(fp_spec, tier)
     n_requests = sum(len(data.read_rows(f)) * settings[t]["repeats"] for t, f in files.items())
 
-    def one(label: str, model, reverse: bool = False, max_batch: int | None = None):
+    def one(label: str, path: str, reverse: bool = False, max_batch: int | None = None):
         progress.note(f"lm-eval on {label}")
-        return run.evaluate_path(label, model, tasks_dir, files, settings, max_batch=max_batch or ev["max_batch"],
-                                 max_prefill_tokens=ev["max_prefill_tokens"], seed=ev["seed"], reverse=reverse)
+        return run.evaluate_path(label, fp_models[path], tasks_dir, files, settings,
+                                 max_batch=max_batch or ev["max_batch"], max_prefill_tokens=ev["max_prefill_tokens"],
+                                 seed=ev["seed"], reverse=reverse)
 
-    runs = {"standard": one("standard", std)}
+    runs = {"standard": one("standard", "standard")}
     with trace.recording() as rec:
-        runs["fast"] = one("fast", fp_models["fast"])
-    runs["oracle"] = one("oracle", fp_models["oracle"])
+        runs["fast"] = one("fast", "fast")
+    runs["oracle"] = one("oracle", "oracle")
     budget = float(ev.get("budget_s") or 0)
     skipped = budget and time.monotonic() - t0 > budget
     if not skipped:  # the same requests in other batches: half as many per call, the other order
-        runs["rebatched"] = one("standard re-batched", std, reverse=True,
+        runs["rebatched"] = one("standard re-batched", "standard", reverse=True,
                                 max_batch=max(1, min(ev["max_batch"], n_requests) // 2))
     out = request.config.getoption("fastpath_artifacts", None)
     logs = {}
@@ -92,12 +94,14 @@ def evals_run(fp_engine, fp_models, fp_spec, fp_tier, request, tmp_path_factory)
             for name, t in r.tasks.items():
                 logs[f"{label}/{name}"] = samples.write(Path(out) / "evals" / "samples" / label / f"{name}.jsonl",
                                                         t.samples)
-    # generate never mixes prefill and decode: a refusal other than "prefill" or one this machine
-    # explains (no_cuda on CPU) put standard steps under "fast"
+    # generate never mixes prefill and decode (vLLM: a call's prompts fit one step's token budget):
+    # a refusal other than "prefill" or one this machine explains (no_cuda on CPU) put standard
+    # steps under "fast"
     refused = sorted({f"{e.component}:{e.detail}" for e in rec.refused()
                       if e.detail != "prefill" and not H.environment_refusal(e.detail, fp_engine)})
     return {"runs": runs, "engaged": len(rec.engaged()), "refused": refused,
             "components": sorted({e.component for e in rec.engaged()}),
+            "engine": H.engine_summary(fp_engine),  # after the loads: vLLM's engine_starts counts them
             "rebatched_skipped": bool(skipped), "seconds": {k: round(r.seconds, 2) for k, r in runs.items()},
             "sample_logs": logs, "data": {t: samples.sha256_text(Path(f).read_text(encoding="utf-8"))
                                           for t, f in files.items()}}
@@ -239,7 +243,8 @@ def test_task(case, evals_run, fp_gate, fp_spec, record):
     record("evals_noninferiority", "score_difference_lower_bound", sc["ci_low"], threshold=-sc["margin"],
            comparator=">", passed=sc["passed"], path="fast", detail=H.jsonable(sc), message=msg,
            evidence=H.jsonable({"seconds": evals_run["seconds"], "sample_logs": evals_run["sample_logs"],
-                                "data_sha256": evals_run["data"], "rebatched_skipped": evals_run["rebatched_skipped"]}))
+                                "data_sha256": evals_run["data"], "rebatched_skipped": evals_run["rebatched_skipped"],
+                                "engine": evals_run["engine"]}))
     ga = fp_gate("evals_output_agreement")
     fo = [x.prefix_fraction for x in _agreements(evals_run, keys, "fast", "oracle")]
     so = [x.prefix_fraction for x in _agreements(evals_run, keys, "standard", "oracle")]

@@ -6,7 +6,9 @@
 
 The model is a ``vllm.LLM``; the fast path is switched ONLY by ``additional_config`` (the spec's
 ``[switch]``), which vLLM hands to the model code; "standard" loads the same model without it and
-"oracle" without it in float32. Parallelism (``tensor_parallel_size``, ``data_parallel_size``,
+"oracle" without it in float32, each its own ``vllm.LLM`` even when the arguments are the same
+(an fp32 standard shared with the oracle made the parity floor exactly 0, and any difference of the
+fast path failed it): ``info()["engine_starts"]`` counts the LLMs made. Parallelism (``tensor_parallel_size``, ``data_parallel_size``,
 ``decode_context_parallel_size``) goes to vLLM's own executor, from the engine options or the
 plan case (``load(..., parallel={"tp": 8, "dp": 1, "dcp": 1})``).
 
@@ -136,18 +138,38 @@ def _sampling_params(vllm, req) -> Any:
         structured_outputs=structured)
 
 
+@dataclass
+class _Shared:
+    """One ``vllm.LLM`` and the state of its requests (``users``: the models on it; one per path today)."""
+
+    llm: Any
+    ids: Any = field(default_factory=itertools.count)  # request ids, unique per LLM
+    running: list[str] = field(default_factory=list)  # requests a decode/mixed step keeps alive
+    users: int = 1
+
+
 class VllmModel:
     """A ``vllm.LLM`` on one path (implements fastpath.engine.Model)."""
 
-    def __init__(self, path: str, llm, tokenizer: Tokenizer, device: str, sink: SinkReader):
+    def __init__(self, path: str, shared: _Shared, tokenizer: Tokenizer, device: str, sink: SinkReader):
         self.path = path
-        self.llm = llm
+        self._shared = shared
         self.tokenizer = tokenizer
         self.device = device
         self.sink = sink
         self.last_score_fast_rows: list[list[bool]] = []
-        self._ids = itertools.count()
-        self._running: list[str] = []  # requests a decode/mixed step keeps alive
+
+    @property
+    def llm(self):
+        return self._shared.llm
+
+    @property
+    def _running(self) -> list[str]:
+        return self._shared.running
+
+    @_running.setter
+    def _running(self, value: list[str]) -> None:
+        self._shared.running = value
 
     # -- generation -------------------------------------------------------------------------
     def generate(self, requests) -> list[Result]:
@@ -306,9 +328,11 @@ class VllmModel:
         return sorted(names)
 
     def close(self) -> None:
-        llm, self.llm = self.llm, None
-        if llm is None:
+        shared, self._shared = self._shared, _Shared(None, users=0)
+        shared.users -= 1
+        if shared.llm is None or shared.users > 0:  # closed already, or another path still uses it
             return
+        llm, shared.llm = shared.llm, None
         try:
             llm.llm_engine.engine_core.shutdown()
         finally:
@@ -317,7 +341,7 @@ class VllmModel:
 
     # -- helpers -----------------------------------------------------------------------------
     def _add(self, prompt_ids: list[int], params) -> str:
-        rid = f"fp-{next(self._ids)}"
+        rid = f"fp-{next(self._shared.ids)}"
         # outputs and abort_request use the caller's id (add_request returns an internal one)
         self.llm.llm_engine.add_request(rid, {"prompt_token_ids": prompt_ids}, params)
         return rid
@@ -387,6 +411,7 @@ class VllmEngine:
         self.log_config, self.log_file = logs.write_logging_config(self.workdir)
         self._switch = options.get("switch")
         self._models: list[VllmModel] = []
+        self.engine_starts = 0  # vllm.LLM instances made (each a model load and a KV-cache allocation)
 
     # -- protocol ---------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
@@ -400,7 +425,7 @@ class VllmEngine:
         out = {"device": device, "arch": arch, "device_name": platform.processor() or platform.machine(),
                "model_config": str(self.options["model"]), "dtype": str(self.options.get("dtype", "auto")),
                "triton_interpreter": False, "vllm_version": self.vllm.__version__,
-               "vllm_log": self.backend_evidence()}
+               "vllm_log": self.backend_evidence(), "engine_starts": self.engine_starts}
         if self._switch:
             out["switch"] = dict(self._switch)
         return out
@@ -411,12 +436,14 @@ class VllmEngine:
             raise ValueError(f"path {path!r} is not one of {', '.join(PATHS)}")
         extra = dict(additional_config or {}) if path == "fast" else {}
         dtype = "float32" if path == "oracle" else self.options.get("dtype", "auto")
-        llm = self._llm(dtype, extra, dict(parallel or {}))
+        kwargs = self._llm_kwargs(dtype, extra, dict(parallel or {}))
+        shared = _Shared(self._start(kwargs))
         from vllm.platforms import current_platform
 
+        llm = shared.llm
         hf = llm.get_tokenizer()
         vocab = llm.llm_engine.vllm_config.model_config.get_vocab_size()
-        model = VllmModel(path if extra else ("oracle" if path == "oracle" else "standard"), llm,
+        model = VllmModel(path if extra else ("oracle" if path == "oracle" else "standard"), shared,
                           Tokenizer(hf, vocab), "cuda" if current_platform.is_cuda_alike() else "cpu", self.sink)
         self._models.append(model)
         return model
@@ -455,11 +482,10 @@ class VllmEngine:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     # -- vLLM ---------------------------------------------------------------------------------
-    def _llm(self, dtype: str, additional_config: dict, parallel: dict):
+    def _start(self, kwargs: dict):
         from vllm.platforms import current_platform
 
-        o = self.options
-        on_cpu = not current_platform.is_cuda_alike()
+        o, on_cpu = self.options, not current_platform.is_cuda_alike()
         os.environ.update(self.sink.env())
         os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(self.log_config)
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
@@ -470,6 +496,14 @@ class VllmEngine:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if on_cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(o.get("kv_cache_gb", 1)))
+        self.engine_starts += 1
+        return self.vllm.LLM(**kwargs)
+
+    def _llm_kwargs(self, dtype: str, additional_config: dict, parallel: dict) -> dict[str, Any]:
+        from vllm.platforms import current_platform
+
+        o = self.options
+        on_cpu = not current_platform.is_cuda_alike()
         kwargs: dict[str, Any] = dict(
             model=str(o["model"]), dtype=dtype, seed=int(o.get("seed", 0)),
             tensor_parallel_size=int(parallel.get("tp", o.get("tensor_parallel_size", 1))),
@@ -493,4 +527,4 @@ class VllmEngine:
             if o.get(key) is not None:
                 kwargs[key] = o[key]
         kwargs.update(o.get("llm_kwargs", {}))
-        return self.vllm.LLM(**kwargs)
+        return kwargs
