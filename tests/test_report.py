@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from fastpath.cli import app
 from fastpath.report import CSP, SCRIPT, render
-from fastpath.report.rerender import ABSENT, DIFFERENT, SAME, rerender
+from fastpath.report.rerender import DIFFERENT, SAME, rerender
 from fastpath.results import make_row, rows_frame
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,18 +77,17 @@ def smoke_page(tmp_path_factory):
 
 def test_committed_smoke_bundle_renders_every_suite_it_holds(smoke_page):
     done, page = smoke_page
-    assert done.bundled == ABSENT  # made before bundles carried reports
+    assert done.bundled == SAME  # the page inside the bundle is what its own files render
     assert 'id="verdict">PASS<' in page
     assert 'id="coverage-matrix"' in page and "triton_splitkv" in page  # the variant per case and component
     assert "refused:prefill" in page  # the fallbacks refused, with their reason
     assert "error / tolerance" in page and "gemv_norm_swiglu" in page and "M1-N48-K64" in page
     assert "parity_kl" in page and "kl_standard_fast" in page
     assert "features_structured_output" in page
-    for suite in ("evals", "perf"):  # not in this bundle's plan: the page says so
-        assert f"{suite} did not run in this bundle." in page
-    for suite in ("coverage", "kernels", "parity", "features"):
+    assert "evals_output_agreement" in page and "perf_speedup" in page
+    for suite in ("coverage", "kernels", "parity", "features", "evals", "perf"):  # every suite ran in it
         assert f"{suite} did not run" not in page
-    assert "git checkout be38aaa0aa6d78b6146887f763815758d8c50d28" in page
+    assert "git checkout 70b72534315a92b80328dbcbff4eb09267dbb0e7" in page  # the commit the bundle was made at
 
 
 def test_rendering_is_deterministic_across_processes(smoke_page, tmp_path):
