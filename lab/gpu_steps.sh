@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Runs named GPU steps back to back on the lent H200, each under its own time limit, logging
 # every step to $OUT/<step>.log so one failure never loses the others' output.
-#   bash lab/gpu_steps.sh STEP:SECONDS:COMMAND [STEP:SECONDS:COMMAND ...]
+#   [GPU_LOGS=NAME] bash lab/gpu_steps.sh STEP:SECONDS:COMMAND [STEP:SECONDS:COMMAND ...]
 # Expects the carried site packages (~/carry/env.sh) and the extra wheels in .whl/.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-LOGS=/tmp/gpu-logs; rm -rf "$LOGS"; mkdir -p "$LOGS"
+# GPU_LOGS names this invocation's logs (two may run side by side: training beside suites)
+logs_name=${GPU_LOGS:-logs}
+LOGS=/tmp/gpu-$logs_name; rm -rf "$LOGS"; mkdir -p "$LOGS"
 # $OUT returns at most 8 files: step logs go into one archive at the end
-trap 'tar -C "$LOGS" -czf "$OUT/logs.tar.gz" .' EXIT
+trap 'tar -C "$LOGS" -czf "$OUT/$logs_name.tar.gz" .' EXIT
 [ -f ~/carry/env.sh ] && . ~/carry/env.sh
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >"$LOGS/setup.log" 2>&1

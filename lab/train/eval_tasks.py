@@ -24,14 +24,11 @@ from functools import lru_cache
 from pathlib import Path
 
 from fastpath.evals import aime, documents, mrcr
-from fastpath.evals.prompts import chat_turns
+from fastpath.evals.sequences import AIME_DOC_TO_TEXT, count_tokens, render_aime, render_mrcr  # noqa: F401
 
 SPEC = Path(__file__).resolve().parents[2] / "optimized_model" / "k3" / "fastpath.toml"
 TIERS = ("smoke", "full")
 TRAIN_SEED_BASE = 1 << 40
-# lm-eval's aime25.yaml doc_to_text, rendered by lm-eval; the test compares with lm-eval's own
-AIME_DOC_TO_TEXT = "Question: {problem}\nAnswer:"
-MRCR_MESSAGES_FIELD = "prompt"  # fastpath_mrcr.yaml metadata chat_messages
 # operations per training AIME problem: the eval tiers' 3 and 40 inside; 3 steps are ~150 tokens
 # of solution, 48 steps ~2k
 AIME_STEPS = (3, 48)
@@ -40,11 +37,6 @@ AIME_STEP_TOKENS, AIME_BASE_TOKENS = 60, 260  # upper bounds: problem + solution
 
 def content_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def count_tokens(tok):
-    """The suite's MRCR length: the chat-templated conversation (fastpath/suites/test_evals.py)."""
-    return lambda msgs: len(tok.apply_chat_template(msgs))
 
 
 # -- held out ----------------------------------------------------------------------------------------
@@ -104,22 +96,7 @@ def aime_row(seed: int, steps: int) -> dict:
     return aime.generate(seed, 1, steps)[0]
 
 
-# -- rendering: (prompt ids, target ids) as the eval adapter sends the prompt -----------------------------
-def render_mrcr(tok, row: dict) -> tuple[list[int], list[int]]:
-    """The message list through the chat template; the target is what the grader compares with
-    (the random string, then the requested answer), ending its turn, then eos (the generation
-    loop stops on eos; an adapter that stops on the end of the turn stops earlier)."""
-    prompt = tok.apply_chat_template(chat_turns(mrcr.doc_to_text(row), row, MRCR_MESSAGES_FIELD))
-    return prompt, tok.encode(row["answer"], bos=False) + [tok.end_turn_id, tok.eos_id]
-
-
-def render_aime(tok, row: dict) -> tuple[list[int], list[int]]:
-    """The aime25 prompt as one user turn; the worked solution ending in \\boxed{N}, then the
-    end of the turn and eos."""
-    prompt = tok.apply_chat_template(chat_turns(AIME_DOC_TO_TEXT.format(problem=row["problem"]), row, None))
-    return prompt, tok.encode(aime.solution(row), bos=False) + [tok.end_turn_id, tok.eos_id]
-
-
+# -- rendering: (prompt ids, target ids); MRCR and AIME render as fastpath.evals.sequences does ----------
 def render_plain(tok, prompt: str, answer: str) -> tuple[list[int], list[int]]:
     """A features-suite prompt: plain text with bos, as the suite encodes it."""
     return tok.encode(prompt, bos=True), tok.encode(answer, bos=False) + [tok.eos_id]
