@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from suite_modules import load_suite
 
 from fastpath.evals import rescoring
 from fastpath.evals.agreement import compare
@@ -110,3 +111,27 @@ def test_a_fast_path_with_nothing_to_judge_does_not_pass():
     j = rescoring.judge([], [0.01, 0.02], 4.0, 0.002)
     assert math.isnan(j["value"]) and not j["passed"]
     assert rescoring.judge([0.05], [], 4.0, 0.002)["threshold"] == pytest.approx(0.002)
+
+
+def _rows(ev: dict, keys: list) -> list[dict]:
+    suite = load_suite("evals")
+    rows = []
+    suite._record_deviation(lambda gate, metric, value, **kw: rows.append({"metric": metric, "value": value, **kw}),
+                            ev, {"factor": 4.0, "slack": 0.002}, keys, pairs={})
+    return rows
+
+
+def test_the_suite_gates_the_rescored_deviations_of_the_cases_keys():
+    ev = {"engaged": 3, "refused": [], "components": ["mla_decode"],
+          "rescored": {"fast": {"a": [0.5] * 5, "b": [0.0, 0.0], "other case": [9.0]},
+                       "standard": {"a": [0.01] * 5, "b": [0.01, 0.01], "other case": [9.0]}}}
+    [row] = _rows(ev, ["a", "b"])
+    assert row["metric"] == "logprob_deviation" and not row["passed"]
+    assert row["detail"]["n"] == 7 and row["value"] == pytest.approx(2.5 / 7)
+    assert row["message"].startswith("mean |logprob(fast) - logprob(oracle)| over its 7 generated tokens")
+    [row] = _rows(ev, ["b"])
+    assert row["passed"] and row["message"] == ""
+    [row] = _rows(ev | {"engaged": 0}, ["b"])
+    assert not row["passed"] and "never engaged" in row["message"]
+    [row] = _rows(ev | {"rescored": {"fast": {"b": []}, "standard": {"b": [0.01]}}}, ["b"])
+    assert not row["passed"] and "nothing to compare" in row["message"] and row["value"] is None
