@@ -187,8 +187,7 @@ def _record_deviation(record, ev, gate: dict, keys: list[tuple], pairs: dict) ->
            detail={"agreement": value, "agreement_floor": floor, "n": j["n"], "floor_n": j["floor_n"],
                    "samples": len(keys), "factor": factor, "slack": slack,
                    "rule": "oracle-rescored fast <= factor * oracle-rescored standard + slack"},
-           evidence=H.jsonable({"pairs": pairs, "fast_components": ev["components"],
-                                "refused": ev["refused"]}))
+           evidence=H.jsonable({"pairs": pairs, "fast_components": ev["components"], "refused": ev["refused"]}))
 
 
 def _record_prefix_share(record, pairs: dict, n: int) -> None:
