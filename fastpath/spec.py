@@ -134,7 +134,7 @@ SCHEMA = Field("table", fields={
     "evals": Field("table", fields={
         "seed": Field("int", minimum=0),  # the generated documents and the per-request seeds
         "max_batch": Field("int", minimum=1),  # requests per engine call
-        "max_prefill_tokens": Field("int", minimum=1),  # prompt tokens one call prefills at most
+        "max_prefill_tokens": Field("int", minimum=1),  # tokens one call prefills at most (runs, oracle rescoring)
         "budget_s": Field("number", minimum=0),  # after this, the re-batched floor is skipped (0: no limit)
         "mrcr": Field("table", fields={
             "needles": Field("list", nonempty=True, unique=True, items=Field("int", allowed=(2, 4, 8))),

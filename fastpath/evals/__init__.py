@@ -10,6 +10,7 @@ between the fast path and the standard path (fastpath/suites/test_evals.py).
     run.py        one lm-eval evaluation of one path, offline; its per-sample records
     paired.py     non-inferiority bounds of paired scores (exact binomial, bootstrap)
     agreement.py  output agreement between two paths (identical, common prefix, token logprobs)
+    rescoring.py  the fp32 oracle teacher-forced on each path's own generation; the deviation rule
     samples.py    lm-eval's sample logs for the bundle: prompts replaced by digests, size-capped
 
 Importing ``fastpath`` or this package never imports lm-eval; ``require_lm_eval()`` says how

@@ -18,7 +18,8 @@ spec-style ``decode_backend:latency_specialized``), or wrap an already loaded mo
 - ``loglikelihood``: the engine's teacher-forced ``Model.score`` with ``prefill_len`` before the
   continuation, so every continuation token is scored by a decode step (the fast path's).
 - ``records``: per request (task, doc_id, repeat) the generated ids, their logprobs, the finish
-  reason and the prompt length, which lm-eval's string outputs do not carry (output agreement).
+  reason, the prompt length and the prompt ids, which lm-eval's string outputs do not carry
+  (output agreement, oracle rescoring; never written to the bundle).
 """
 
 from __future__ import annotations
@@ -126,7 +127,8 @@ class FastpathLM(LM):
                 out[i] = res.text
                 self.records[keys[i]] = {"token_ids": list(res.token_ids), "logprobs": list(res.logprobs or []),
                                          "finish_reason": res.finish_reason, "prompt_tokens": len(reqs[i].prompt_ids),
-                                         "max_tokens": reqs[i].max_tokens, "batch": len(batch)}
+                                         "max_tokens": reqs[i].max_tokens, "batch": len(batch),
+                                         "prompt_ids": list(reqs[i].prompt_ids)}  # in memory only: oracle rescoring
         return out
 
     def _generation_request(self, ids: list[int], kwargs: dict, seed: int) -> GenerationRequest:

@@ -6,6 +6,9 @@ the share of the longer output is ``prefix_fraction``) and the token log-probabi
 the two generations condition on different tokens and their log-probabilities no longer
 compare. Position 0 is left out: every path samples it from the prompt's prefill, which no
 decode fast path serves (it would only dilute a decode defect).
+
+These figures are information for a reviewer: two correct paths part at a near-tie, after which
+the shared prefix holds little; the gate rescores each path's own output (rescoring.py).
 """
 
 from __future__ import annotations
