@@ -109,6 +109,26 @@ def test_parity_kl_slack_shrinks_with_the_positions():
     assert not kl_verdict(np.full(40, 1e-6), zero, factor=4.0, alpha=0.001)["passed"]
 
 
+def test_parity_kl_is_not_decided_by_a_handful_of_positions():
+    """One routing near-tie flip (KL ~1e3 x the floor at one position) must not fail a correct
+    fast path; ten such positions, the least the top-1 rule needs to fail, must."""
+    from fastpath.parity_rules import kl_verdict, outliers_allowed
+
+    rng = np.random.default_rng(1)
+    floor = rng.exponential(1e-5, 118)
+    honest = floor * rng.uniform(0.5, 2.0, 118)
+    one_flip = honest.copy()
+    one_flip[7] = 0.06  # as seen on the smoke tier: 46 x the floor in the mean of 118 positions
+    v = kl_verdict(one_flip, floor, factor=3.0, alpha=0.001)
+    assert v["passed"] and v["left_out"] == outliers_allowed(0.001, 118) == 9 and v["largest"][0] == 0.06
+    assert v["mean_all"] > 40 * v["floor_all"]  # the untrimmed mean would have failed
+    ten = honest.copy()
+    ten[:10] = 0.06
+    assert not kl_verdict(ten, floor, factor=3.0, alpha=0.001)["passed"]
+    # at most a tenth of the positions is left out: with 40 positions, 4
+    assert outliers_allowed(0.001, 40) == 4 and outliers_allowed(0.001, 5) == 0
+
+
 def test_parity_buckets_cross_every_tuning_boundary_and_run_a_long_horizon():
     assert parity.crossing_batches([1, 2, 8], 64) == [1, 2, 3, 8, 9]
     assert parity.crossing_batches([1, 2, 4, 8, 16, 32, 64], 64) == [1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64]
