@@ -87,7 +87,13 @@ def test_committed_smoke_bundle_renders_every_suite_it_holds(smoke_page):
     assert "evals_output_agreement" in page and "perf_speedup" in page
     for suite in ("coverage", "kernels", "parity", "features", "evals", "perf"):  # every suite ran in it
         assert f"{suite} did not run" not in page
-    assert "git checkout 70b72534315a92b80328dbcbff4eb09267dbb0e7" in page  # the commit the bundle was made at
+    import tarfile
+
+    with tarfile.open(SMOKE) as tar:  # the commit the bundle was made at, as its environment records it
+        env = json.load(tar.extractfile(next(m for m in tar.getmembers() if m.name.endswith("/environment.json"))))
+    commit = env["git"]["commit"]
+    assert re.fullmatch(r"[0-9a-f]{40}", commit) and not env["git"]["dirty"]
+    assert f"git checkout {commit}" in page
 
 
 def test_rendering_is_deterministic_across_processes(smoke_page, tmp_path):
