@@ -3,7 +3,10 @@
 A case is ``{"suite", "kind", "case_id", "config"}`` (docs/architecture.md "Plan cases").
 Cases come from the Cartesian product of the tier's slice of the scope; the pruning rules
 (``PRUNING_RULES``, data) and the tier rules (``TIER_RULES``) never drop a case: they turn it
-into a *waiver* carrying the reason, so what was not run is always on record.
+into a *waiver* carrying the reason, so what was not run is always on record. A draft case
+whose verify step has more rows (batch x (draft + 1)) than the spec's ``max_verify_rows`` is
+such a waiver: the fast path hands it back (``verify_rows_out_of_scope``), which the
+``coverage/fallback/verify_rows`` case checks.
 
 Evals: one ``task`` case per eval task (``evals/<task>/all``: the task's documents pooled) and,
 for MRCR, one ``bucket`` case per prompt-length bucket of the tier (``evals/mrcr/c<B>``); the

@@ -136,3 +136,13 @@ def test_verify_rows_fallback_case_refuses_on_every_component(fast_tiny):
     bad = [(r["component"], r["message"]) for r in rows if not r["passed"]]
     assert not bad, bad
     assert all(r["draft"] == 3 and r["batch"] == cfg["out_of_scope_batch"] for r in rows)
+
+
+def test_dispatch_reads_the_verify_row_limit_from_the_spec():
+    from optimized_model.k3.fast import dispatch
+
+    spec = load_spec(SPEC)
+    assert dispatch.scope()["max_verify_rows"] == spec.scope["max_verify_rows"] == 64
+    assert dispatch.decide(17, 16, "verify", 3) == "verify_rows_out_of_scope"  # 68 rows
+    assert dispatch.decide(16, 16, "verify", 3) is None  # 64 rows
+    assert dispatch.decide(16, 16, "verify", 7) == "verify_rows_out_of_scope"  # the 128 rows
