@@ -146,3 +146,58 @@ def test_dispatch_reads_the_verify_row_limit_from_the_spec():
     assert dispatch.decide(17, 16, "verify", 3) == "verify_rows_out_of_scope"  # 68 rows
     assert dispatch.decide(16, 16, "verify", 3) is None  # 64 rows
     assert dispatch.decide(16, 16, "verify", 7) == "verify_rows_out_of_scope"  # the issue's 128 rows
+
+
+def _profiler_rows_at_draft_3(engine, model, monkeypatch):
+    from fastpath import launches
+
+    def interpreted(run):
+        with launches.recording() as rec:
+            run()
+        return rec.names
+
+    monkeypatch.setattr(coverage, "_profile_kernels", interpreted)
+    monkeypatch.setattr(coverage.H, "device_kind", lambda e: "cuda")
+    monkeypatch.setattr(coverage, "PRODUCTION_TOKENS", 2)
+    rows = []
+
+    def record(gate, metric, value, **kw):
+        rows.append({"gate": gate, "metric": metric, "value": value, **kw})
+
+    case = {"case_id": "coverage/profiler/b1-c16-d3", "config": {"batch": 1, "context": 16, "draft": 3, "tp": 1}}
+    coverage.test_profiler_kernels(case, engine, {"fast": model}, record, waive=None)
+    return rows
+
+
+@pytest.fixture(scope="module")
+def profiler_rows_d3(fast_tiny):
+    mp = pytest.MonkeyPatch()
+    try:
+        return _profiler_rows_at_draft_3(*fast_tiny, mp)
+    finally:
+        mp.undo()
+
+
+def test_profiler_case_at_draft_3_with_the_interpreter_standing_in_for_the_profiler(profiler_rows_d3):
+    """The GPU-only profiler case at draft 3, driven on CPU: production is ``generate`` with a
+    synthetic drafter accepting every draft (each step a verify step of 4 tokens), the kernels
+    expected are the verify kernels, and the benchmark hook launches what production does --
+    but for the sampler (next test)."""
+    rows = profiler_rows_d3
+    failing = {(r["metric"], r.get("component")) for r in rows if not r["passed"]}
+    assert failing <= {("production_fast_kernels", "decode_graph"), ("fast_kernels_present", "decode_graph"),
+                       ("production_fast_kernels", "sampler"), ("decode_step_matches_production", None)}, failing
+    for metric in ("production_fast_kernels", "fast_kernels_present"):
+        for comp, kernel in (("kda_decode", "kda_verify_kernel"), ("mla_decode", "mla_verify_split_kernel")):
+            row = next(r for r in rows if r["metric"] == metric and r.get("component") == comp)
+            assert row["passed"] and row["detail"]["fast_kernels"] == [kernel] and row["value"] >= 1, (metric, comp)
+    match = next(r for r in rows if r["metric"] == "decode_step_matches_production")
+    assert set(match["detail"]["differences"]) <= {"fp_sampler_kernel"}, match["detail"]
+
+
+@pytest.mark.xfail(strict=True, reason="finding: production's speculative steps accept drafts on the torch side "
+                   "(speculative.accept), so the fast path's fused sampler does not run in a verify step; the "
+                   "profiler case at draft > 0 reports it (sampler rows)")
+def test_production_verify_steps_run_the_fast_sampler(profiler_rows_d3):
+    row = next(r for r in profiler_rows_d3 if r["metric"] == "production_fast_kernels" and r.get("component") == "sampler")
+    assert row["passed"], row["message"]
