@@ -416,14 +416,23 @@ def production_decode_kernels(model, tokenizer, batch: int, prompt: int, tokens:
     return per_step, sorted(set(uneven) | set(negative)), rec
 
 
-def production_prompt(batch: int, context: int) -> int:
+def production_tokens(draft: int = 0) -> int:
+    """Tokens the production comparison's generation reserves: PRODUCTION_TOKENS - 1 steps of
+    draft + 1 tokens after the prefill's first, plus (at draft > 0) the draft a verify window
+    may run past max_tokens."""
+    return 1 + (PRODUCTION_TOKENS - 1) * (draft + 1) + draft
+
+
+def production_prompt(batch: int, context: int, draft: int = 0) -> int:
     """The production comparison's prompt length: its capacity (prompt + tokens + 1, rounded up
-    to 256 by the runner) equals the benchmark hook's at that context (context + 1 rounded up to
-    64) when prompt + tokens + 1 is a multiple of 256, so both run the same attention span;
-    within the prefill budget and (for contexts of 251 tokens or more) at most ``context``."""
-    cap = min(int(context) + PRODUCTION_TOKENS + 1, max(256, PRODUCTION_PREFILL_TOKENS // max(1, batch)))
+    to 256 by the runner) equals the benchmark hook's at that context (context + draft + 1
+    rounded up to 64) when prompt + tokens + 1 is a multiple of 256, so both run the same
+    attention span; within the prefill budget and (for contexts of 251 tokens or more) at most
+    ``context``."""
+    n = production_tokens(draft)
+    cap = min(int(context) + n + 1, max(256, PRODUCTION_PREFILL_TOKENS // max(1, batch)))
     cap = max(256, cap // 256 * 256)
-    return cap - PRODUCTION_TOKENS - 1
+    return cap - n - 1
 
 
 def _component_row(record, comp, per_step: Counter, traced: bool, matrix: dict, shape: dict, metric: str,
@@ -469,7 +478,7 @@ def test_profiler_kernels(case, fp_engine, fp_models, record, waive):
     shape = {"batch": b, "context": c, "draft": d, "tp": cfg.get("tp", 1)}
 
     # (a) production: generate on real prompts
-    prompt = production_prompt(b, c)
+    prompt = production_prompt(b, c, d)
     prod, uneven, prod_rec = production_decode_kernels(model, model.tokenizer, b, prompt, draft=d)
     prod_matrix = {comp: _cell(ls) for comp, ls in prod_rec.components().items()}
     for comp in comps:
