@@ -201,3 +201,19 @@ def test_profiler_case_at_draft_3_with_the_interpreter_standing_in_for_the_profi
 def test_production_verify_steps_run_the_fast_sampler(profiler_rows_d3):
     row = next(r for r in profiler_rows_d3 if r["metric"] == "production_fast_kernels" and r.get("component") == "sampler")
     assert row["passed"], row["message"]
+
+
+def test_planted_defect_standard_path_at_draft_3_is_caught(fast_tiny, monkeypatch):
+    """The fast path handing every verify step back to the standard path (a refusal where the
+    spec declares the shape in scope) fails the decode case on every component."""
+    engine, model = fast_tiny
+    from optimized_model.k3.fast import dispatch
+
+    honest = dispatch.decide
+    monkeypatch.setattr(dispatch, "decide", lambda b, c, kind="decode", draft=0: (
+        "verify_rows_out_of_scope" if kind == "verify" else honest(b, c, kind, draft)))
+    rows = _run_decode_case(engine, model)
+    fired = [r for r in rows if r["gate"] == "coverage_fast_path_fired" and r.get("status") != "waived"]
+    assert fired and all(r["passed"] is False and "refused (verify_rows_out_of_scope)" in r["message"] for r in fired)
+    launched = _row(rows, "coverage_profiler_kernels", "kda_decode")
+    assert launched["passed"] is False and launched["value"] == 0
