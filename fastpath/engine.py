@@ -101,7 +101,10 @@ class Component(Protocol):
     naming the layer (``fastpath.trace.layer``), so a layer that reports nothing is still
     expected. ``None``: a component that runs once per step (LM head, sampler, whole-step
     graph), whose events name no layer. An engine whose components lack the attribute is
-    judged per step only, and the coverage gate says so."""
+    judged per step only, and the coverage gate says so. Optional: ``verify_variants`` and
+    ``verify_kernel_patterns``, the trace variants and kernel names that prove a speculative
+    verify step (draft > 0) ran the component's verify kernels, expected at draft > 0 (absent
+    or empty: it runs the same kernels at batch x (draft + 1) rows)."""
 
     name: str
     fast_kernel_patterns: list[str]

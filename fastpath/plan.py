@@ -3,7 +3,10 @@
 A case is ``{"suite", "kind", "case_id", "config"}`` (docs/architecture.md "Plan cases").
 Cases come from the Cartesian product of the tier's slice of the scope; the pruning rules
 (``PRUNING_RULES``, data) and the tier rules (``TIER_RULES``) never drop a case: they turn it
-into a *waiver* carrying the reason, so what was not run is always on record.
+into a *waiver* carrying the reason, so what was not run is always on record. A draft case
+whose verify step has more rows (batch x (draft + 1)) than the spec's ``max_verify_rows`` is
+such a waiver: the fast path hands it back (``verify_rows_out_of_scope``), which the
+``coverage/fallback/verify_rows`` case checks.
 
 Evals: one ``task`` case per eval task (``evals/<task>/all``: the task's documents pooled) and,
 for MRCR, one ``bucket`` case per prompt-length bucket of the tier (``evals/mrcr/c<B>``); the
@@ -104,6 +107,13 @@ PRUNING_RULES: tuple[Rule, ...] = (
     Rule("draft_needs_spec_decode", (("coverage", "decode"), ("coverage", "profiler"), ("perf", "speedup")),
          lambda cfg, spec, tier: cfg["draft"] > 0 and not spec.features["speculative_decoding"],
          "draft length > 0 but features.speculative_decoding is false"),
+    # a verify step runs batch x (draft + 1) rows through the fast path's row-wise kernels; past
+    # the spec's max_verify_rows the step is a GEMM, which the fast path hands back
+    Rule("verify_rows_over_max", (("coverage", "decode"), ("coverage", "profiler"), ("perf", "speedup")),
+         lambda cfg, spec, tier: cfg["draft"] > 0 and spec.scope.get("max_verify_rows") is not None
+         and cfg["batch"] * (cfg["draft"] + 1) > spec.scope["max_verify_rows"],
+         "batch x (draft + 1) verify rows exceed scope.max_verify_rows: GEMM territory, the fast path falls "
+         "back with verify_rows_out_of_scope (coverage/fallback/verify_rows checks it)"),
     Rule("context_over_max", (("coverage", "decode"), ("coverage", "profiler"), ("parity", "parity"),
                               ("perf", "speedup")),
          lambda cfg, spec, tier: cfg["context"] + cfg.get("draft", 0) > tier.max_context,
@@ -120,6 +130,11 @@ TIER_RULES: tuple[Rule, ...] = (
     Rule("profiler_needs_gpu", (("coverage", "profiler"),),
          lambda cfg, spec, tier: tier.name != "full",
          "needs a CUDA GPU: the profiler runs on the full tier only"),
+    Rule("smoke_draft_smallest_batch", (("coverage", "decode"),),
+         lambda cfg, spec, tier: tier.name != "full" and cfg["draft"] > 0
+         and cfg["batch"] != min(tier.scope["batch_sizes"]),
+         "the smoke tier verifies drafts at the smallest batch only (a verify step of batch x (draft + 1) "
+         "rows takes seconds in Triton's CPU interpreter); the full tier covers every batch"),
     Rule("perf_smoke_smallest_batch", (("perf", "speedup"),),
          lambda cfg, spec, tier: tier.name != "full" and cfg["batch"] != min(tier.scope["batch_sizes"]),
          "the smoke tier times the smallest batch only (a fast step takes seconds in Triton's CPU "
@@ -153,9 +168,20 @@ def _coverage(spec: Spec, tier: Tier) -> list[Case]:
         cfg = {"fallback": step, "reason": reason, "batch": min(s["batch_sizes"]),
                "context": min(s["context_lengths"]), "out_of_scope_batch": max(spec.scope["batch_sizes"]) + 1,
                "out_of_scope_context": int(spec.features["max_context"]) + 1}
+        if reason == "verify_rows_out_of_scope":
+            cfg.update(_verify_rows_fallback(spec, tier))
         cases.append(Case("coverage", "fallback", f"coverage/fallback/{step}", cfg))
     cases += [Case("coverage", "profiler", f"coverage/profiler/{_shape_id(c)}", c) for c in _decode_configs(tier)]
     return cases
+
+
+def _verify_rows_fallback(spec: Spec, tier: Tier) -> dict:
+    """The smallest verify step over scope.max_verify_rows: the tier's longest draft (else the
+    scope's), at the fewest sequences that exceed the limit (each row costs a step's work)."""
+    drafts = [d for d in tier.scope["draft_lengths"] if d > 0] or [d for d in spec.scope["draft_lengths"] if d > 0]
+    draft = max(drafts or [1])
+    limit = spec.scope.get("max_verify_rows") or max(spec.scope["batch_sizes"])
+    return {"draft": draft, "out_of_scope_batch": limit // (draft + 1) + 1}
 
 
 def _kernels(spec: Spec, tier: Tier) -> list[Case]:

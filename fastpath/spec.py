@@ -22,7 +22,8 @@ TIERS = ("smoke", "full")
 DTYPES = ("float32", "float16", "bfloat16")
 STRUCTURED_KINDS = ("json_schema", "regex")
 # Reasons the trace may record when the fast path declines a step (docs/architecture.md).
-FALLBACK_REASONS = ("prefill", "mixed_batch", "batch_out_of_scope", "context_out_of_scope", "fast_path_unavailable")
+FALLBACK_REASONS = ("prefill", "mixed_batch", "batch_out_of_scope", "context_out_of_scope", "fast_path_unavailable",
+                    "draft_out_of_scope", "verify_rows_out_of_scope")
 ENGINE_RE = re.compile(r"^[A-Za-z_][\w.-]*$|^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 ARCH_RE = re.compile(r"^sm_\d{2,3}a?$")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
@@ -95,6 +96,9 @@ SCHEMA = Field("table", fields={
         "batch_sizes": _ints(1, required=True),
         "context_lengths": _ints(1, required=True),
         "draft_lengths": _ints(0),
+        # the most rows (batch x (draft + 1)) a speculative verify step may have on the fast path;
+        # larger verify steps fall back (verify_rows_out_of_scope) and the plan waives them
+        "max_verify_rows": Field("int", minimum=1),
         "dcp_sizes": _ints(1),
         "fallbacks": Field("map", values=Field("str", allowed=FALLBACK_REASONS)),
     }),
@@ -162,7 +166,8 @@ SCHEMA = Field("table", fields={
     }, rest=Field("data"))),
 })
 
-SCOPE_DEFAULTS = {"tensor_parallel": [1], "draft_lengths": [0], "dcp_sizes": [1], "fallbacks": {}}
+SCOPE_DEFAULTS = {"tensor_parallel": [1], "draft_lengths": [0], "max_verify_rows": None, "dcp_sizes": [1],
+                  "fallbacks": {}}
 PERF_DEFAULTS = {"rounds": 10, "replays": 30, "warmup": 5, "min_speedup": 1.0, "max_extra_batches": 1,
                  "confidence": 0.95, "control_confidence": 0.999, "control_tolerance": 0.01,
                  "n_resamples": 4000, "eager_rounds": 3, "smoke_rounds": 2, "smoke_replays": 1,
@@ -422,6 +427,10 @@ def _semantic_checks(data: dict, v: _Validator) -> None:
     for i, c in enumerate(data["scope"]["context_lengths"]):
         if c > max_context:
             v.err(["scope", "context_lengths", i], f"{c} exceeds features.max_context = {max_context}")
+    rows = data["scope"].get("max_verify_rows")
+    if rows is not None and not any(d > 0 for d in data["scope"].get("draft_lengths", [0])):
+        v.err(["scope", "max_verify_rows"], f"{rows} is set but scope.draft_lengths has no draft > 0; "
+              "expected it only with speculative decoding (drop it or declare a draft length)")
     if not data["tiers"]:
         v.err(["tiers"], "no tier defined; expected at least one of 'smoke', 'full'")
     for tier_name, tier in data["tiers"].items():

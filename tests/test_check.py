@@ -235,3 +235,21 @@ def test_outputs_text_markdown_json_and_exit_code(b, tmp_path, monkeypatch):
     assert "fastpath check failed" in summary.read_text()
     sign_bundle(b.bundle, b.private_key)
     assert main_check(b.bundle, trust=b.trust, source=b.repo, require_tier="full", out=io.StringIO()) == 0
+
+
+def test_full_tier_waivers_of_verify_steps_over_max_verify_rows_pass_the_check(tmp_path):
+    """Plan-time waivers (a verify step of batch x (draft + 1) rows over scope.max_verify_rows)
+    are allowed on the full tier: each has its waiver row, and check accepts the bundle."""
+    from bundle_factory import SPEC_REL, make_repo
+
+    repo = make_repo(tmp_path / "repo")
+    spec = repo / SPEC_REL
+    spec.write_text(spec.read_text().replace("draft_lengths = [0]", "draft_lengths = [0, 3]\nmax_verify_rows = 4")
+                    .replace("max_context = 128", "max_context = 128\nspeculative_decoding = true"))
+    b = build(tmp_path, repo=repo)
+    plan = json.loads((b.bundle / "plan.json").read_text())
+    waived = {w["case_id"]: w["reason"] for w in plan["waivers"]}
+    assert "coverage/decode/b2-c64-d3" in waived and "max_verify_rows" in waived["coverage/decode/b2-c64-d3"]
+    assert "coverage/decode/b1-c64-d3" in {c["case_id"] for c in plan["cases"]}  # 4 rows: in scope
+    report = _check(b)
+    assert report.passed, report.render_text()

@@ -126,7 +126,7 @@ def test_every_declared_fallback_of_the_real_spec_is_a_coverage_case():
     spec = load_spec(REAL_SPEC)
     cases = {c.case_id: c for c in build_plan(spec, "smoke").for_suite("coverage")[0] if c.kind == "fallback"}
     assert set(cases) == {f"coverage/fallback/{s}" for s in
-                          ("prefill", "mixed", "batch_out_of_scope", "context_out_of_scope")}
+                          ("prefill", "mixed", "batch_out_of_scope", "context_out_of_scope", "verify_rows")}
     cfg = cases["coverage/fallback/context_out_of_scope"].config
     assert cfg["reason"] == "context_out_of_scope" and cfg["batch"] in spec.scope["batch_sizes"]
     assert cfg["out_of_scope_context"] == spec.features["max_context"] + 1
@@ -136,15 +136,21 @@ def test_perf_cases_cover_the_scope_on_full_and_the_smallest_batch_on_smoke():
     spec = load_spec(REAL_SPEC)
     cases, waivers = build_plan(spec, "full").for_suite("perf")
     speed = [c for c in cases if c.kind == "speedup"]
-    assert not waivers and len(speed) == 7 * 3  # batch x context (x draft 0)
-    assert {(c.config["batch"], c.config["context"]) for c in speed} == {
-        (b, c) for b in (1, 2, 4, 8, 16, 32, 64) for c in (1024, 8192, 32768)}
+    shapes = {(c.config["batch"], c.config["context"], c.config["draft"]) for c in speed}
+    # draft 0 everywhere; a draft where batch x (draft + 1) <= 64 rows and context + draft fits
+    assert shapes == {(b, c, d) for b in (1, 2, 4, 8, 16, 32, 64) for c in (1024, 8192, 32768) for d in (0, 3, 7)
+                      if d == 0 or (b * (d + 1) <= 64 and c < 32768)}
+    assert len(speed) == 21 + 10 + 8
+    waived = {(w.case.config["batch"], w.case.config["draft"]): w.reason for w in waivers}
+    assert "max_verify_rows" in waived[(16, 7)] and "verify_rows_out_of_scope" in waived[(16, 7)]
+    assert len(waivers) == 7 * 3 * 3 - len(speed)
     assert [c.case_id for c in cases if c.kind != "speedup"] == ["perf/control/b1-c1024-d0", "perf/summary/table"]
     cases, waivers = build_plan(spec, "smoke").for_suite("perf")
-    assert ids(cases) == ["perf/speedup/b1-c16-d0", "perf/speedup/b1-c64-d0", "perf/control/b1-c16-d0",
-                          "perf/summary/table"]
-    assert sorted(w.case.config["batch"] for w in waivers) == [2, 2, 4, 4]
-    assert all("smallest batch only" in w.reason for w in waivers)
+    assert ids(cases) == ["perf/speedup/b1-c16-d0", "perf/speedup/b1-c16-d3", "perf/speedup/b1-c64-d0",
+                          "perf/control/b1-c16-d0", "perf/summary/table"]
+    assert sorted((w.case.config["batch"], w.case.config["draft"]) for w in waivers) == [
+        (1, 3), (2, 0), (2, 0), (2, 3), (2, 3), (4, 0), (4, 0), (4, 3), (4, 3)]
+    assert all("smallest batch only" in w.reason or "max_context" in w.reason for w in waivers)
 
 
 def test_perf_draft_without_spec_decode_is_waived(tmp_path):
@@ -153,3 +159,43 @@ def test_perf_draft_without_spec_decode_is_waived(tmp_path):
                                                            "[gates.coverage_fast_path_fired]"))
     _, waivers = build_plan(spec, "full").for_suite("perf")
     assert waivers and all(w.case.config["draft"] == 2 and "speculative_decoding" in w.reason for w in waivers)
+
+
+def test_verify_steps_over_max_verify_rows_are_waived_with_the_fallback_named(tmp_path):
+    spec = spec_with(tmp_path, ("context_lengths = [16, 32]", "context_lengths = [16, 32]\ndraft_lengths = [0, 1, 3]\n"
+                                "max_verify_rows = 8"),
+                     ("max_context = 64", "max_context = 64\nspeculative_decoding = true"))
+    plan = build_plan(spec, "full")
+    waived = {w.case.case_id: w.reason for w in plan.waivers}
+    # batch 4 x (3 + 1) = 16 rows > 8: waived on decode and profiler alike; 4 x 2 = 8 and 2 x 4 = 8 run
+    for cid in ("coverage/decode/b4-c16-d3", "coverage/profiler/b4-c32-d3"):
+        assert "max_verify_rows" in waived[cid] and "verify_rows_out_of_scope" in waived[cid], cid
+    assert {"coverage/decode/b4-c16-d1", "coverage/decode/b2-c32-d3"} <= set(ids(plan.cases))
+    assert not any("max_verify_rows" in r for cid, r in waived.items() if "-d0" in cid)
+    # no limit declared: nothing is waived for rows
+    spec = spec_with(tmp_path, ("context_lengths = [16, 32]", "context_lengths = [16, 32]\ndraft_lengths = [0, 3]"),
+                     ("max_context = 64", "max_context = 64\nspeculative_decoding = true"))
+    assert not any("max_verify_rows" in w.reason for w in build_plan(spec, "full").waivers)
+
+
+def test_real_spec_drafts_on_both_tiers():
+    spec = load_spec(REAL_SPEC)
+    assert spec.scope["draft_lengths"] == [0, 3, 7] and spec.scope["max_verify_rows"] == 64
+    assert spec.features["speculative_decoding"] is True
+    assert spec.tier("smoke").scope["draft_lengths"] == [0, 3]
+    smoke = build_plan(spec, "smoke")
+    decode = [c.case_id for c in smoke.cases if c.kind == "decode"]
+    # the smoke tier verifies one draft, at the smallest batch (context 64 + 3 > max_context 64)
+    assert [i for i in decode if not i.endswith("-d0")] == ["coverage/decode/b1-c16-d3"]
+    reasons = {w.case.case_id: w.reason for w in smoke.waivers}
+    assert "smallest batch only" in reasons["coverage/decode/b2-c16-d3"]
+    fallback = next(c for c in smoke.cases if c.case_id == "coverage/fallback/verify_rows").config
+    assert fallback["reason"] == "verify_rows_out_of_scope"
+    assert (fallback["draft"], fallback["out_of_scope_batch"]) == (3, 17)  # 68 rows > 64, 16 x 4 = 64 would run
+    full = build_plan(spec, "full")
+    runs = {(c.config["batch"], c.config["draft"]) for c in full.cases if c.kind == "decode"}
+    # the draft 7 up to batch 16: batch 16 x 8 = 128 rows is past the tables (waived)
+    assert (8, 7) in runs and (16, 3) in runs and (16, 7) not in runs and (32, 3) not in runs
+    full_reasons = {w.case.case_id: w.reason for w in full.waivers}
+    assert "GEMM territory" in full_reasons["coverage/decode/b16-c1024-d7"]
+    assert "GEMM territory" in full_reasons["coverage/profiler/b16-c1024-d7"]

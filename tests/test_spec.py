@@ -167,3 +167,24 @@ def test_perf_settings_default_and_validate(tmp_path):
 
     assert load_spec(spec_with(tmp_path, "[gates]", "[perf]\nreplays = 7\n\n[gates]")).perf == {
         **PERF_DEFAULTS, "replays": 7}
+
+
+def test_max_verify_rows_is_validated_and_tiers_narrow_draft_lengths(tmp_path):
+    path = spec_with(tmp_path, "context_lengths = [16, 32]",
+                     "context_lengths = [16, 32]\ndraft_lengths = [0, 3]\nmax_verify_rows = 0")
+    err = error_of(path)
+    assert f"{path}:{line_of(path, 'max_verify_rows')}: scope.max_verify_rows: 0 is too small" in err
+    path = spec_with(tmp_path, "context_lengths = [16, 32]", "context_lengths = [16, 32]\nmax_verify_rows = 64")
+    err = error_of(path)
+    assert "scope.max_verify_rows: 64 is set but scope.draft_lengths has no draft > 0" in err
+    path = spec_with(tmp_path, "context_lengths = [16, 32]",
+                     "context_lengths = [16, 32]\ndraft_lengths = [0, 3, 7]\nmax_verify_rows = 64")
+    spec = load_spec(path)
+    assert spec.scope["max_verify_rows"] == 64
+    assert load_spec(DOUBLE_SPEC).scope["max_verify_rows"] is None  # default: no limit declared
+    real = load_spec(REAL_SPEC)
+    assert real.tier("smoke").scope["draft_lengths"] == [0, 3] and real.tier("full").scope["draft_lengths"] == [0, 3, 7]
+    # the fallback the coverage suite drives is a reason the trace may record
+    path = spec_with(tmp_path, 'fallbacks = { prefill = "prefill", mixed = "mixed_batch" }',
+                     'fallbacks = { prefill = "prefill", verify_rows = "verify_rows_out_of_scope" }')
+    assert load_spec(path).scope["fallbacks"]["verify_rows"] == "verify_rows_out_of_scope"

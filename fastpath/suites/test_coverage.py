@@ -7,16 +7,21 @@ decode   (gate coverage_fast_path_fired): the fast model's ``decode_step`` runs 
          ``engine.components()``: it passes iff the component engaged in every recorded step
          -- at every layer it declares (``Component.layers``, from the model's config: a
          layer that reports nothing is still expected; the events name their layer) -- and
-         was never refused; the message names the layers that did not engage. A refusal
+         was never refused; the message names the layers that did not engage. At draft > 0 a
+         component that declares ``verify_variants`` must have engaged with them alone, at every
+         layer it serves (its decode kernels run T times are not a verify step); the message
+         names the variants seen. A refusal
          whose reason is a property of the machine (``no_cuda`` on CPU, for the whole-step
          graph) is a waiver row for that component.
          Second source on CPU (gate coverage_profiler_kernels): the same steps run with the
          Triton interpreter's launches recorded (``fastpath.launches``, by kernel name, as the
          profiler names them on GPU). Per component, every step must launch kernels matching
-         its fast patterns, at least one per layer it serves: a trace that says ``engaged``
-         while the standard code ran is caught without a GPU.
-fallback (gate coverage_clean_fallback): prefill, mixed, out-of-scope-batch and
-         out-of-scope-context steps. One row per component: passes iff it was refused with the
+         its fast patterns (at draft > 0 its ``verify_kernel_patterns``, where it declares
+         them), at least one per layer it serves: a trace that says ``engaged`` while the
+         standard code ran is caught without a GPU.
+fallback (gate coverage_clean_fallback): prefill, mixed, out-of-scope-batch,
+         out-of-scope-context and verify-rows (a verify step of more rows than the spec's
+         max_verify_rows) steps. One row per component: passes iff it was refused with the
          declared reason in every step and never engaged.
 A decode or fallback case in which nothing reported at all says so, naming the spec's switch
 (the fast model is loaded with it as ``additional_config``; an engine whose switch differs runs
@@ -31,6 +36,9 @@ profiler (gate coverage_profiler_kernels): on a GPU, ``torch.profiler`` captures
              with the same per-component checks, and at the production comparison's context:
              its kernels (those any component's patterns name) must be production's, kernel
              for kernel and count for count, or the row names the difference.
+         At draft > 0 production is ``generate`` with a synthetic drafter whose every draft is
+         accepted (``speculative``), so each of its steps is a verify step of draft + 1 tokens,
+         and a component's fast kernels are its ``verify_kernel_patterns`` where it declares them.
          On CPU: a waiver row (the decode case carries the CPU second source).
 
 Every row carries the case's coverage-matrix cell in ``detail`` (``cell``: the variants it ran,
@@ -102,6 +110,37 @@ def launch_shortfall(per_step: list[int], need: int) -> dict[int, int]:
     return {n: k for n, k in enumerate(per_step, 1) if k < need}
 
 
+def verify_expectation(comp, draft: int) -> tuple[list[str], list[str]]:
+    """(the trace variants, the kernel patterns) that prove ``comp`` ran a verify step at
+    ``draft`` > 0; both empty at draft 0 or for a component that runs the same kernels at
+    B*T rows (it declares none)."""
+    if draft <= 0:
+        return [], []
+    return list(getattr(comp, "verify_variants", None) or []), list(getattr(comp, "verify_kernel_patterns", None) or [])
+
+
+def fast_patterns(comp, draft: int) -> list[str]:
+    """The kernel names that prove ``comp``'s fast path ran a step at ``draft``."""
+    return verify_expectation(comp, draft)[1] or list(comp.fast_kernel_patterns)
+
+
+def verify_gaps(recs: list[trace.Recorder], name: str, variants: list[str], layers: list[int] | None
+                ) -> tuple[list[str], dict[int, list[int]]]:
+    """(the variants ``name`` engaged with that are not ``variants``, step number -> declared
+    layers at which it engaged with none of ``variants``)."""
+    wrong = sorted({e.detail for r in recs for e in r.engaged(name) if e.detail not in variants})
+    gaps = {}
+    for n, rec in enumerate(recs, 1):
+        hit = [e for e in rec.engaged(name) if e.detail in variants]
+        if layers:
+            missing = sorted(set(layers) - {e.layer for e in hit})
+            if missing:
+                gaps[n] = missing
+        elif not hit:
+            gaps[n] = []
+    return wrong, gaps
+
+
 def _matrix(recs: list[trace.Recorder], components: list[str]) -> dict[str, str]:
     labels: dict[str, set[str]] = {c: set() for c in components}
     for r in recs:
@@ -152,22 +191,26 @@ def test_decode_fast_path_fired(case, fp_engine, fp_models, fp_spec, record):
         else:
             steps_engaged = sum(1 for r in recs if r.engaged(comp))
         extra_layers = sorted(set(seen_layers) - set(layers or []), key=str)
+        want_variants, _ = verify_expectation(comp_obj, d)
+        not_verify, verify_missing = verify_gaps(recs, comp, want_variants, layers) if want_variants else ([], {})
         detail = {"cell": matrix[comp], "variants": variants, "refused": reasons, "steps": STEPS,
                   "engaged_events": sum(len(r.engaged(comp)) for r in recs),
                   "layers_declared": layers, "layers_engaged": seen_layers,
                   "layers_missing_by_step": {str(k): v for k, v in gaps.items()}}
+        if want_variants:
+            detail["verify_variants_expected"] = want_variants
         if undeclared_protocol:
             detail["note"] = "the engine's components declare no layers: judged per step only"
         evidence = {"coverage_matrix": matrix, "case": H.case_id(case)}
         if second:
-            _record_launches(record, comp_obj, recs, launched, fp_engine, matrix, shape)
+            _record_launches(record, comp_obj, recs, launched, fp_engine, matrix, shape, d)
         if refused and all(H.environment_refusal(x, fp_engine) for x in reasons) and steps_engaged == 0:
             H.record_waived(record, "coverage_fast_path_fired", "steps_engaged",
                             f"{comp} refused with {', '.join(reasons)}: expected on this machine "
                             f"({H.device_kind(fp_engine)}); needs a CUDA GPU", component=comp,
                             detail=detail, evidence=evidence, **shape)
             continue
-        ok = steps_engaged == STEPS and not refused and not extra_layers
+        ok = steps_engaged == STEPS and not refused and not extra_layers and not not_verify and not verify_missing
         msg = ""
         if not ok:
             parts = [f"engaged in {steps_engaged}/{STEPS} steps"]
@@ -177,6 +220,12 @@ def test_decode_fast_path_fired(case, fp_engine, fp_models, fp_spec, record):
                              f"in step(s) {', '.join(str(n) for n in gaps)})")
             if refused:
                 parts.append(f"refused ({', '.join(reasons)})")
+            if not_verify or verify_missing:
+                where = sorted({x for v in verify_missing.values() for x in v})
+                parts.append(f"at draft {d} it ran variant(s) {', '.join(variants) or 'none'}, expected its verify "
+                             f"variant(s) {', '.join(want_variants)}"
+                             + (f" at {_layers_text(where)}" if where else "")
+                             + " (its decode kernels ran instead of the verify step?)")
             if extra_layers:
                 parts.append(f"the trace names {_layers_text(extra_layers)}, which engine.components() "
                              f"does not declare for it ({layers}): fix the declaration")
@@ -202,10 +251,11 @@ def _cpu_second_source(engine) -> tuple[bool, str]:
     return launches.available()
 
 
-def _record_launches(record, comp, recs, launched, engine, matrix, shape) -> None:
-    """One coverage_profiler_kernels row: ``comp``'s fast kernels in the interpreter's launches of
-    every step, at least one per layer it serves, wherever the trace says it engaged."""
-    name, pats = comp.name, list(comp.fast_kernel_patterns)
+def _record_launches(record, comp, recs, launched, engine, matrix, shape, draft: int = 0) -> None:
+    """One coverage_profiler_kernels row: ``comp``'s fast kernels (its verify kernels at draft
+    > 0) in the interpreter's launches of every step, at least one per layer it serves,
+    wherever the trace says it engaged."""
+    name, pats = comp.name, fast_patterns(comp, draft)
     layers = declared_layers(comp)
     need = max(1, len(layers)) if layers else (0 if layers == [] else 1)
     per_step = [l.count(pats) for l in launched]
@@ -258,6 +308,9 @@ def _fallback_step(model, cfg: dict):
     if kind == "context_out_of_scope":
         c = int(cfg["out_of_scope_context"])
         return model.decode_step(b, c, 0), {"batch": b, "context": c}
+    if kind in ("verify_rows", "verify_rows_out_of_scope"):  # batch x (draft + 1) over max_verify_rows
+        b, d = int(cfg["out_of_scope_batch"]), int(cfg["draft"])
+        return model.decode_step(b, c, d), {"batch": b, "context": c, "draft": d}
     return None, {"batch": b, "context": c}
 
 
@@ -267,6 +320,7 @@ def test_clean_fallback(case, fp_engine, fp_models, fp_spec, record):
     want = cfg.get("reason") or cfg.get("fallback")
     model = fp_models["fast"]
     step, shape = _fallback_step(model, cfg)
+    shape.setdefault("draft", 0)
     if step is None:
         record("coverage_clean_fallback", "driven", 0, passed=False,
                message=f"fallback kind {cfg.get('fallback')!r} has no step the Engine protocol can drive")
@@ -293,7 +347,7 @@ def test_clean_fallback(case, fp_engine, fp_models, fp_spec, record):
                 parts.append(f"other reasons {other}")
             msg = f"{silent}{comp}: " + "; ".join(parts)
         record("coverage_clean_fallback", "steps_refused_with_reason", steps_declared, threshold=STEPS,
-               comparator=">=", passed=ok, component=comp, draft=0,
+               comparator=">=", passed=ok, component=comp,
                detail={"cell": matrix[comp], "expected_reason": want, "engaged_events": engaged,
                        "other_reasons": other, "fallback": cfg.get("fallback")},
                evidence={"coverage_matrix": matrix, "case": H.case_id(case)}, message=msg, **shape)
@@ -331,64 +385,83 @@ def _per_step(total: Counter, steps: int) -> tuple[Counter, list[str]]:
 
 
 def production_decode_kernels(model, tokenizer, batch: int, prompt: int, tokens: int = PRODUCTION_TOKENS,
-                              profile=None):
+                              profile=None, draft: int = 0):
     """(kernels per decode step of ``generate`` on real prompts as a Counter, the names whose
     count is not a whole number per step, the trace of the N-token run). The decode steps'
     kernels = those of an N-token generation minus those of a 1-token one of the same prompts
     (the prefill and the first sample cancel), over N - 1 steps. ``profile(run)`` -> the kernel
-    names ``run()`` launched (default: torch.profiler's)."""
+    names ``run()`` launched (default: torch.profiler's). ``draft`` > 0: each of the N - 1
+    steps is a verify step of draft + 1 tokens (a synthetic drafter whose every draft is
+    accepted), so the generations are 1 + (N - 1) x (draft + 1) tokens long."""
     profile = profile or _profile_kernels
     from fastpath.engine import GenerationRequest
+
+    steps = tokens - 1
+    spec = ({"method": "synthetic", "num_speculative_tokens": draft, "acceptance_length": draft + 1}
+            if draft > 0 else None)
+    gen = (lambda reqs: model.generate(reqs, speculative=spec)) if spec else model.generate
 
     def requests(n):
         return [GenerationRequest(prompt_ids=H.prompt_ids(tokenizer, 100 + i, prompt), max_tokens=n,
                                   temperature=0.0, ignore_eos=True) for i in range(batch)]
 
-    model.generate(requests(tokens))  # warm-up: graphs of this shape captured, tables loaded
-    one = Counter(profile(lambda: model.generate(requests(1))))
+    tokens = 1 + steps * (max(0, draft) + 1)
+    gen(requests(tokens))  # warm-up: graphs of this shape captured, tables loaded
+    one = Counter(profile(lambda: gen(requests(1))))
     with trace.recording() as rec:
-        many = Counter(profile(lambda: model.generate(requests(tokens))))
+        many = Counter(profile(lambda: gen(requests(tokens))))
     diff = Counter({n: many[n] - one.get(n, 0) for n in many})
     negative = sorted(n for n, k in diff.items() if k < 0)
-    per_step, uneven = _per_step(Counter({n: k for n, k in diff.items() if k > 0}), tokens - 1)
+    per_step, uneven = _per_step(Counter({n: k for n, k in diff.items() if k > 0}), steps)
     return per_step, sorted(set(uneven) | set(negative)), rec
 
 
-def production_prompt(batch: int, context: int) -> int:
+def production_tokens(draft: int = 0) -> int:
+    """Tokens the production comparison's generation reserves: PRODUCTION_TOKENS - 1 steps of
+    draft + 1 tokens after the prefill's first, plus (at draft > 0) the draft a verify window
+    may run past max_tokens."""
+    return 1 + (PRODUCTION_TOKENS - 1) * (draft + 1) + draft
+
+
+def production_prompt(batch: int, context: int, draft: int = 0) -> int:
     """The production comparison's prompt length: its capacity (prompt + tokens + 1, rounded up
-    to 256 by the runner) equals the benchmark hook's at that context (context + 1 rounded up to
-    64) when prompt + tokens + 1 is a multiple of 256, so both run the same attention span;
-    within the prefill budget and (for contexts of 251 tokens or more) at most ``context``."""
-    cap = min(int(context) + PRODUCTION_TOKENS + 1, max(256, PRODUCTION_PREFILL_TOKENS // max(1, batch)))
+    to 256 by the runner) equals the benchmark hook's at that context (context + draft + 1
+    rounded up to 64) when prompt + tokens + 1 is a multiple of 256, so both run the same
+    attention span; within the prefill budget and (for contexts of 251 tokens or more) at most
+    ``context``."""
+    n = production_tokens(draft)
+    cap = min(int(context) + n + 1, max(256, PRODUCTION_PREFILL_TOKENS // max(1, batch)))
     cap = max(256, cap // 256 * 256)
-    return cap - PRODUCTION_TOKENS - 1
+    return cap - n - 1
 
 
 def _component_row(record, comp, per_step: Counter, traced: bool, matrix: dict, shape: dict, metric: str,
                    source: str, evidence: dict) -> None:
-    """One coverage_profiler_kernels row: per step, ``comp``'s fast kernels (>= one per layer it
-    serves), none of its fallback kernels, and the trace agreeing."""
+    """One coverage_profiler_kernels row: per step, ``comp``'s fast kernels (its verify kernels at
+    draft > 0; >= one per layer it serves), none of its fallback kernels, and the trace agreeing."""
     names = sorted(per_step)
-    fast = [n for n in names if any(re.search(p, n) for p in comp.fast_kernel_patterns)]
+    pats = fast_patterns(comp, int(shape.get("draft", 0)))
+    fast = [n for n in names if any(re.search(p, n) for p in pats)]
     slow = [n for n in names if any(re.search(p, n) for p in comp.fallback_kernel_patterns)]
     layers = declared_layers(comp)
     need = max(1, len(layers)) if layers else (0 if layers == [] else 1)
     n_fast = sum(per_step[n] for n in fast)
     problems = []
-    if comp.fast_kernel_patterns and n_fast < need:
+    if pats and n_fast < need:
         problems.append(f"{n_fast} launch(es) of its fast kernels per step, expected >= {need}"
                         + (f" (one per {_layers_text(layers)} it serves)" if layers else ""))
     if slow:
         problems.append(f"fallback kernels present: {slow[:5]}")
-    if traced and comp.fast_kernel_patterns and not fast:
+    if traced and pats and not fast:
         problems.append("the trace says it engaged but the profile has none of its kernels")
     note = ""
-    if not comp.fast_kernel_patterns and not comp.fallback_kernel_patterns:
+    if not pats and not comp.fallback_kernel_patterns:
         note = "declares no kernel patterns: confirmed by the trace only"
         if not traced and need:
             problems.append("declares no kernel patterns and the trace did not see it engage")
     record(LAUNCH_GATE, metric, n_fast, threshold=need, comparator=">=", passed=not problems, component=comp.name,
            detail={"cell": matrix.get(comp.name, "not_reported"), "source": source, "fast_kernels": fast[:20],
+                   "patterns": pats,
                    "fallback_kernels": slow[:20], "note": note, "traced": traced, "layers_declared": layers},
            evidence=evidence, message="; ".join(f"{comp.name} ({source}): {p}" for p in problems), **shape)
 
@@ -405,8 +478,8 @@ def test_profiler_kernels(case, fp_engine, fp_models, record, waive):
     shape = {"batch": b, "context": c, "draft": d, "tp": cfg.get("tp", 1)}
 
     # (a) production: generate on real prompts
-    prompt = production_prompt(b, c)
-    prod, uneven, prod_rec = production_decode_kernels(model, model.tokenizer, b, prompt)
+    prompt = production_prompt(b, c, d)
+    prod, uneven, prod_rec = production_decode_kernels(model, model.tokenizer, b, prompt, draft=d)
     prod_matrix = {comp: _cell(ls) for comp, ls in prod_rec.components().items()}
     for comp in comps:
         _component_row(record, comp, prod, bool(prod_rec.engaged(comp.name)), prod_matrix, shape,

@@ -21,8 +21,8 @@ reports ``refused(component, reason)`` for every fast component and returns None
 Reasons (docs/architecture.md): ``prefill``, ``mixed_batch``, ``batch_out_of_scope``,
 ``context_out_of_scope``, ``fast_path_unavailable``, and for speculative verify steps
 (``kind="verify"``, ``draft`` = T - 1 tokens after the last emitted one) ``draft_out_of_scope``
-(draft not in 0 ..= MAX_DRAFT) and ``verify_rows_out_of_scope`` (B*T
-rows beyond the largest batch the tuning tables and buffers are declared for: GEMM territory).
+(draft not in 0 ..= MAX_DRAFT) and ``verify_rows_out_of_scope`` (B*T rows beyond the spec's
+``[scope] max_verify_rows``, which the tuning tables and buffers cover: GEMM territory).
 The switch being off reports nothing.
 """
 
@@ -77,7 +77,7 @@ def switch_on(config: Any) -> bool:
 def scope() -> dict:
     """The fast path's declared scope, read from the spec beside the model (one source of truth).
     Returns {"batch_sizes": [...], "context_lengths": [...], "max_context": int,
-    "draft_lengths": [...]}."""
+    "draft_lengths": [...], "max_verify_rows": int}."""
     try:
         with open(SPEC_PATH, "rb") as fh:
             spec = tomllib.load(fh)
@@ -86,9 +86,11 @@ def scope() -> dict:
         ctx = sorted(int(c) for c in sc.get("context_lengths", [32768]))
         max_ctx = int(spec.get("features", {}).get("max_context", max(ctx)))
         drafts = sorted(int(d) for d in sc.get("draft_lengths", [0]))
+        rows = int(sc.get("max_verify_rows", batch[-1]))
     except (OSError, tomllib.TOMLDecodeError):  # pragma: no cover - spec always shipped
-        batch, ctx, max_ctx, drafts = [1, 2, 4, 8, 16, 32, 64], [32768], 32768, [0]
-    return {"batch_sizes": batch, "context_lengths": ctx, "max_context": max_ctx, "draft_lengths": drafts}
+        batch, ctx, max_ctx, drafts, rows = [1, 2, 4, 8, 16, 32, 64], [32768], 32768, [0], 64
+    return {"batch_sizes": batch, "context_lengths": ctx, "max_context": max_ctx, "draft_lengths": drafts,
+            "max_verify_rows": rows}
 
 
 def graph_batch(batch: int) -> int:
@@ -140,7 +142,7 @@ def decide(batch: int, context: int, kind: str = "decode", draft: int = 0) -> st
     if kind == "verify":
         if draft < 0 or draft > MAX_DRAFT:
             return "draft_out_of_scope"
-        if batch >= 1 and batch * (draft + 1) > sc["batch_sizes"][-1]:
+        if batch >= 1 and batch * (draft + 1) > sc["max_verify_rows"]:
             return "verify_rows_out_of_scope"
         context += draft  # the window's last token sits at context + draft
     elif kind != "decode":

@@ -66,6 +66,11 @@ class Component:
     fast_kernel_patterns: list[str] = field(default_factory=list)
     fallback_kernel_patterns: list[str] = field(default_factory=list)
     layers: list[int] | None = None  # the layers it serves (None: once per step)
+    # what proves a verify step (draft > 0) ran its verify kernels, not its decode kernels T
+    # times: the trace variants of its verify kernels and the kernel names only they launch
+    # (empty: the component runs the same kernels at B*T rows, e.g. the GEMVs)
+    verify_variants: list[str] = field(default_factory=list)
+    verify_kernel_patterns: list[str] = field(default_factory=list)
 
 
 def layers_served(cfg: Any) -> dict[str, list[int] | None]:
@@ -134,11 +139,23 @@ def components(entries: list[Any] | None = None, cfg: Any = None) -> list[Compon
     """Component → fast and fallback kernel-name patterns (fast ones include every registered
     kernel's own ``kernel_patterns``) and, given the model config ``cfg``, the layers it serves."""
     fast = {k: list(v) for k, v in _FAST.items()}
-    for e in entries if entries is not None else kernels():
+    variants: dict[str, list[str]] = {}
+    verify_pats: dict[str, list[str]] = {}
+    entries = list(entries if entries is not None else kernels())
+    for e in entries:
         pats = fast.setdefault(e.component, [])
         for p in getattr(e, "kernel_patterns", []) or []:
             if p not in pats:
                 pats.append(p)
+        if getattr(e, "verify_variants", None):
+            variants.setdefault(e.component, []).extend(v for v in e.verify_variants
+                                                        if v not in variants.get(e.component, []))
+    for comp in variants:  # a verify kernel's own names (mla_verify shares the decode combine kernel)
+        shared = {p for e in entries if e.component == comp and not getattr(e, "verify_variants", None)
+                  for p in getattr(e, "kernel_patterns", []) or []}
+        verify_pats[comp] = [p for e in entries if e.component == comp and getattr(e, "verify_variants", None)
+                             for p in getattr(e, "kernel_patterns", []) or [] if p not in shared]
     served = layers_served(cfg) if cfg is not None else {}
-    return [Component(n, fast.get(n, []), list(_FALLBACK.get(n, [])), served.get(n))
+    return [Component(n, fast.get(n, []), list(_FALLBACK.get(n, [])), served.get(n),
+                      variants.get(n, []), verify_pats.get(n, []))
             for n in COMPONENT_NAMES]

@@ -20,6 +20,8 @@ Fields (see ``fastpath.engine.KernelEntry``):
   k                noise-floor multiplier
   deterministic    repeat must be bitwise equal
   kernel_patterns  regexes of GPU kernel names this kernel launches
+  verify_variants  trace variants it reports when it runs a speculative verify step (empty: not
+                   a verify kernel); the coverage suite expects them at draft > 0
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class KernelSpec:
     deterministic: bool = True
     kernel_patterns: list[str] = field(default_factory=list)
     boundary_shapes: list[dict] = field(default_factory=list)
+    verify_variants: list[str] = field(default_factory=list)
 
 
 # Alias: some modules read better with the protocol's name.

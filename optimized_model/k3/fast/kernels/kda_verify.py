@@ -283,4 +283,5 @@ def kernel_entry(device: Any = None) -> KernelSpec:
     return KernelSpec(name="kda_verify", component=COMPONENT, fast=fast, standard=standard, oracle=oracle,
                       make_inputs=make_inputs, shapes=shapes, value_classes=["normal", "large", "near_zero"],
                       dtypes=default_dtypes(device), k=2.0, deterministic=True,
-                      kernel_patterns=[r"kda_verify_kernel"])
+                      kernel_patterns=[r"kda_verify_kernel"],
+                      verify_variants=[VARIANT, VARIANT + "_low_rank"])

@@ -188,4 +188,5 @@ def kernel_entry(device: Any = None) -> KernelSpec:
     return KernelSpec(name="mla_verify", component=COMPONENT, fast=fast, standard=standard, oracle=oracle,
                       make_inputs=make_inputs, shapes=shapes, value_classes=["normal", "large", "near_zero", "masked"],
                       dtypes=default_dtypes(device), k=2.0, deterministic=True,
-                      kernel_patterns=[r"mla_verify_split_kernel", r"mla_decode_combine_kernel"])
+                      kernel_patterns=[r"mla_verify_split_kernel", r"mla_decode_combine_kernel"],
+                      verify_variants=[VARIANT])
