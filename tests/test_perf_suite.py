@@ -227,3 +227,41 @@ def test_the_faster_standard_step_is_the_gated_baseline():
                                                                         [2.0e-3, 2.0e-3])
     seconds["eager"] = 2.5e-3
     assert perf.faster_baseline("compiled", "eager", 2, 20, timer)[:3] == ("standard", "compiled", "standard_eager")
+
+
+def test_a_draft_case_times_verify_steps_and_counts_synthetic_tokens(tmp_path):
+    """At draft 7 both paths' steps are built with draft 7 (one verify step of 8 tokens per
+    sequence) and tokens/s = batch x the spec's synthetic AL (6) / step time, labelled so."""
+    from fastpath.spec import load_spec
+
+    perf = _perf_module()
+    spec = load_spec(perf_only_spec(tmp_path))
+    assert spec.perf["synthetic_acceptance_length"][7] == 6.0
+    perf._SESSION.clear()
+    perf._SESSION["bandwidth"] = 1e9
+    built = []
+
+    class Drafted(_FakeModel):
+        def decode_step(self, batch, context, draft=0):
+            built.append((self.fast, draft))
+            return super().decode_step(batch, context, draft)
+
+    models = {"standard": Drafted(0.004), "fast": Drafted(0.002, fast=True)}
+    rows = []
+    case = {"case_id": "perf/speedup/b2-c16-d7", "config": {"batch": 2, "context": 16, "draft": 7}}
+    perf.test_speedup(case, models, _Engine("cpu", "cpu"), spec, _Tier("smoke"), lambda *a, **k: rows.append((a, k)))
+    assert built and all(draft == 7 for _, draft in built) and {fast for fast, _ in built} == {True, False}
+    by = {(a[1], k.get("path")): (a[2], k) for a, k in rows}
+    step_fast = by[("step_ms", "fast")][0] / 1e3
+    value, kw = by[("tokens_per_s", "fast")]
+    assert value == pytest.approx(2 * 6.0 / step_fast) and "synthetic" in kw["message"]
+    assert kw["detail"]["acceptance_length"] == 6.0 and kw["detail"]["synthetic"] is True
+    assert by[("ms_per_output_token", "fast")][0] == pytest.approx(1e3 * step_fast / 6.0)
+    al, kw = by[("acceptance_length", None)]
+    assert al == 6.0 and "synthetic" in kw["message"]
+    head = by[("speedup_ci_low", "fast")][1]
+    assert head["detail"]["acceptance_length"] == 6.0
+    r = perf.RESULTS[-1]
+    assert r["draft"] == 7 and r["synthetic"] and r["fast_tok_s"] == pytest.approx(2 * 6.0 / step_fast)
+    # the speedup stays the ratio of step times: both paths emit the same tokens
+    assert r["speedup"] == pytest.approx(r["fast_tok_s"] / r["std_tok_s"], rel=0.05)
