@@ -138,7 +138,7 @@ def draft_table(cases: list[dict]) -> str:
     ``acceptance_length`` and ``tpot_ms``; the tokens at draft > 0 are synthetic (the spec's
     acceptance length, not one measured here), and the header and each cell say so."""
     lines: list[str] = []
-    for context in sorted({c["context"] for c in cases}):
+    for context in sorted({c["context"] for c in cases if c.get("draft")}):
         lines += [f"### draft lengths, context {context} (draft > 0: tokens from the SYNTHETIC acceptance length, "
                   "[perf] synthetic_acceptance_length)", ""]
         head = ["batch", "draft", "acceptance length", "standard tok/s", "fast tok/s", "fast ms/token",

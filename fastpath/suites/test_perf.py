@@ -22,7 +22,9 @@ per sequence. It emits (accepted + 1) tokens per sequence, the spec's ``[perf]
 synthetic_acceptance_length`` AL (declared before measuring): tokens/s = batch x AL / step time,
 time per output token = step time / AL, every such row labelled synthetic. The speedup stays
 the ratio of step times (both paths emit the same tokens); the roofline counts the verify
-step's bytes (step_traffic at that draft).
+step's bytes (step_traffic at that draft). The fast step counts as fired at draft K only if
+an engaged event reports ``tokens = K + 1`` (a verify kernel ran on the draft's tokens): a
+step that silently decoded one token per sequence would otherwise pass as a verify step.
 
 summary case: the K3-style table (batch | standard tok/s | fast tok/s | speedup [CI] | MBU, per
 context) and, with draft cases, the draft-length table (batch x draft: acceptance length,
@@ -170,6 +172,7 @@ def test_speedup(case, fp_models, fp_engine, fp_spec, fp_tier, record):
     with trace.recording() as rec:
         fast_step, fast_setup = build(fast_model, batch, context, draft)
     fired = bool(rec.engaged())
+    verified = not draft or any(dict(e.shape).get("tokens") == draft + 1 for e in rec.engaged())
     eager = eager_model(fp_models, fp_engine)
     baseline, baseline_error = "standard", ""
     try:
@@ -229,9 +232,13 @@ def test_speedup(case, fp_models, fp_engine, fp_spec, fp_tier, record):
                 "roofline": roof, "settings": s, "verdict": verdict.as_dict(),
                 "standard_compile": fp_engine.info().get("standard_compile"), "baseline": baseline,
                 "problems": problems}
-    outcome = verdict.outcome if fired else "fast path did not fire"
+    outcome = verdict.outcome if fired and verified else "fast path did not fire"
     if not fired:
         msg = "the fast path reported no event while its step was built: the speedup would compare standard with itself"
+    elif not verified:
+        outcome = "fast path did not verify"
+        msg = (f"no fast-path event reported tokens = {draft + 1} while the draft-{draft} step was built: it did not "
+               f"run a verify step of draft + 1 tokens per sequence; check decode_step(batch, context, draft)")
     elif verdict.outcome == "pass":
         msg = ""
     else:
@@ -243,7 +250,7 @@ def test_speedup(case, fp_models, fp_engine, fp_spec, fp_tier, record):
     if not gated:
         msg = f"{why}. {msg}".strip()
     record("perf_speedup", "speedup_ci_low", verdict.ci_low, threshold=s["min_speedup"], comparator=">",
-           passed=fired and verdict.passed, status=status, message=msg,
+           passed=fired and verified and verdict.passed, status=status, message=msg,
            detail={**verdict.as_dict(), "outcome": outcome, "acceptance_length": al, "synthetic": bool(draft)},
            evidence=H.jsonable(evidence), path="fast")
 
