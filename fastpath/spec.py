@@ -452,7 +452,8 @@ def _semantic_checks(data: dict, v: _Validator) -> None:
 
 def _acceptance_checks(data: dict, v: _Validator) -> None:
     """[perf] synthetic_acceptance_length: keys are draft lengths K >= 1, values 1 <= AL <= K + 1,
-    and every draft length > 0 of the scope or a tier has one (perf cannot count its tokens)."""
+    and, with features.speculative_decoding, every draft length > 0 of the scope or a tier has
+    one (perf could not count its tokens)."""
     where = ["perf", "synthetic_acceptance_length"]
     declared = data.get("perf", {}).get("synthetic_acceptance_length", {})
     for key, al in declared.items():
@@ -460,6 +461,8 @@ def _acceptance_checks(data: dict, v: _Validator) -> None:
             v.err(where + [key], f"{key!r} is not a draft length; expected an integer >= 1 as the key")
         elif not al <= int(key) + 1:
             v.err(where + [key], f"{al!r} is out of range; expected 1 <= acceptance length <= draft + 1 = {int(key) + 1}")
+    if not data["features"].get("speculative_decoding"):
+        return  # the plan prunes every draft case
     drafts = set(data["scope"].get("draft_lengths", [0]))
     for t in data["tiers"].values():
         drafts |= set(t.get("draft_lengths", []))

@@ -190,5 +190,7 @@ def test_synthetic_acceptance_length_is_validated_and_keyed_by_draft(tmp_path):
     assert "perf.synthetic_acceptance_length.x: 'x' is not a draft length" in text
     # a draft length in scope (here only in a tier's slice) without one: perf could not count its tokens
     missing = spec_with(tmp_path, "batch_sizes = [1, 4]", "batch_sizes = [1, 4]\ndraft_lengths = [0, 3]")
+    load_spec(missing)  # speculative decoding off: the plan prunes every draft case
+    missing.write_text(missing.read_text().replace("max_context = 64", "max_context = 64\nspeculative_decoding = true", 1))
     assert ("perf.synthetic_acceptance_length: draft length 3 is in scope but has no acceptance length; "
             "add 3 = AL (1 <= AL <= 4)") in error_of(missing)
