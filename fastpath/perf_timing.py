@@ -9,6 +9,11 @@ over the round cancels; the statistics (fastpath.stats) take rounds as their uni
 The roofline: ``roofline(traffic, bandwidth, step_s)`` — the bytes a step must move (the
 engine's ``Model.step_traffic``, counted from the real tensors), the copy bandwidth measured in
 the same run, the minimum step time at that bandwidth and the MBU of the measured step.
+
+Tokens: a decode step emits one token per sequence; at draft length K > 0 the timed step is one
+verify step of K + 1 tokens per sequence, which emits (accepted + 1) of them: the spec's
+synthetic acceptance length AL (declared before measuring), so tokens/s = batch x AL / step
+time and time per output token = step time / AL (``output_tokens``, ``time_per_output_token``).
 """
 
 from __future__ import annotations
@@ -79,13 +84,32 @@ def roofline(traffic: dict, bandwidth: float, step_s: float) -> dict:
             "step_s": float(step_s), "mbu": min_s / step_s}
 
 
+def output_tokens(batch: int, acceptance_length: float) -> float:
+    """Tokens one step emits: ``acceptance_length`` (1 at draft 0) per sequence."""
+    if acceptance_length < 1:
+        raise ValueError(f"acceptance length {acceptance_length} < 1: a step emits at least one token per sequence")
+    return batch * acceptance_length
+
+
+def tokens_per_s(batch: int, acceptance_length: float, step_s: float) -> float:
+    return output_tokens(batch, acceptance_length) / step_s
+
+
+def time_per_output_token(step_s: float, acceptance_length: float) -> float:
+    """Seconds per emitted token of one sequence (the steps are shared by the batch)."""
+    return step_s / output_tokens(1, acceptance_length)
+
+
 def summary_table(cases: list[dict]) -> str:
     """The K3-style summary (markdown), one block per context: batch | standard tok/s | fast
     tok/s | speedup [CI] | MBU (fast) | MBU (standard) | outcome. ``cases``: dicts with batch,
     context, std_tok_s, fast_tok_s, speedup, ci_low, ci_high, outcome, and optionally mbu,
     mbu_standard (None when unknown), eager_tok_s and baseline (the gated one; "standard_eager":
-    the speedup and MBU (standard) are against the eager step, marked "vs eager")."""
+    the speedup and MBU (standard) are against the eager step, marked "vs eager"). Cases with a
+    ``draft`` > 0 go to the draft-length table below it (``draft_table``) instead."""
     lines: list[str] = []
+    drafted = any(c.get("draft") for c in cases)
+    cases_by_draft, cases = cases, [c for c in cases if not c.get("draft")]
     eager = any(c.get("eager_tok_s") is not None for c in cases)
     for context in sorted({c["context"] for c in cases}):
         lines += [f"### context {context}", ""]
@@ -101,6 +125,32 @@ def summary_table(cases: list[dict]) -> str:
             if eager:
                 e = c.get("eager_tok_s")
                 cells.insert(2, "–" if e is None else f"{e:,.0f}")
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    if drafted:
+        lines.append(draft_table(cases_by_draft))
+    return "\n".join(lines)
+
+
+def draft_table(cases: list[dict]) -> str:
+    """One block per context: batch x draft | acceptance length | standard and fast tok/s | fast
+    ms per output token | speedup [CI] | outcome. ``cases`` as summary_table's plus ``draft``,
+    ``acceptance_length`` and ``tpot_ms``; the tokens at draft > 0 are synthetic (the spec's
+    acceptance length, not one measured here), and the header and each cell say so."""
+    lines: list[str] = []
+    for context in sorted({c["context"] for c in cases if c.get("draft")}):
+        lines += [f"### draft lengths, context {context} (draft > 0: tokens from the SYNTHETIC acceptance length, "
+                  "[perf] synthetic_acceptance_length)", ""]
+        head = ["batch", "draft", "acceptance length", "standard tok/s", "fast tok/s", "fast ms/token",
+                "speedup [CI]", "outcome"]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for c in sorted((c for c in cases if c["context"] == context), key=lambda c: (c["batch"], c.get("draft", 0))):
+            draft = int(c.get("draft") or 0)
+            al = float(c.get("acceptance_length") or 1.0)
+            tpot = c.get("tpot_ms")
+            cells = [str(c["batch"]), str(draft), f"{al:g} synthetic" if draft else "1", f"{c['std_tok_s']:,.0f}",
+                     f"{c['fast_tok_s']:,.0f}", "–" if tpot is None else f"{tpot:,.3g}",
+                     f"{c['speedup']:.2f}x [{c['ci_low']:.2f}, {c['ci_high']:.2f}]", c["outcome"]]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)

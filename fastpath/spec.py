@@ -133,6 +133,10 @@ SCHEMA = Field("table", fields={
         # seconds from the suite's first case after which the remaining speedup cases are error
         # rows, not measured (0: no limit): a run that must fit one command still ends with its table
         "budget_s": Field("number", minimum=0),
+        # tokens a verify step emits per sequence (accepted + 1), per draft length > 0, declared
+        # before measuring: perf's tokens/s and time per output token at that draft length are
+        # computed from it and labelled synthetic (the step's time does not depend on acceptance)
+        "synthetic_acceptance_length": Field("map", values=Field("number", minimum=1)),
     }),
     # Optional: what the evals suite evaluates (fastpath/evals; per task and tier, EVALS_DEFAULTS).
     "evals": Field("table", fields={
@@ -171,7 +175,7 @@ SCOPE_DEFAULTS = {"tensor_parallel": [1], "draft_lengths": [0], "max_verify_rows
 PERF_DEFAULTS = {"rounds": 10, "replays": 30, "warmup": 5, "min_speedup": 1.0, "max_extra_batches": 1,
                  "confidence": 0.95, "control_confidence": 0.999, "control_tolerance": 0.01,
                  "n_resamples": 4000, "eager_rounds": 3, "smoke_rounds": 2, "smoke_replays": 1,
-                 "budget_s": 0}
+                 "budget_s": 0, "synthetic_acceptance_length": {}}
 EVALS_DEFAULTS = {
     "seed": 0, "max_batch": 16, "max_prefill_tokens": 32768, "budget_s": 0,
     "mrcr": {"needles": [2, 4, 8],
@@ -231,7 +235,7 @@ class Spec:
     gates: Gates
     raw_text: str = field(repr=False)
     digest: str = ""  # sha256 hex of the file's bytes
-    perf: dict[str, Any] = field(default_factory=lambda: dict(PERF_DEFAULTS))  # [perf] over PERF_DEFAULTS
+    perf: dict[str, Any] = field(default_factory=lambda: _perf({}))  # [perf] over PERF_DEFAULTS
     evals: dict[str, Any] = field(default_factory=lambda: merge_evals({}))  # [evals] over EVALS_DEFAULTS
 
     @property
@@ -445,6 +449,7 @@ def _semantic_checks(data: dict, v: _Validator) -> None:
         value = data.get("perf", {}).get(key)
         if value is not None and not value < 1:
             v.err(["perf", key], f"{value!r} is too large; expected a number < 1")
+    _acceptance_checks(data, v)
     for tier in TIERS:
         for i, b in enumerate(data.get("evals", {}).get("mrcr", {}).get(tier, {}).get("buckets", [])):
             if b & (b - 1):
@@ -452,6 +457,46 @@ def _semantic_checks(data: dict, v: _Validator) -> None:
     gates = [k for k in data["gates"] if k != "version"]
     if not gates:
         v.err(["gates"], "no gate defined; expected at least one [gates.NAME] table with a 'suite'")
+
+
+def _acceptance_checks(data: dict, v: _Validator) -> None:
+    """[perf] synthetic_acceptance_length: keys are draft lengths K >= 1, values 1 <= AL <= K + 1,
+    and, with features.speculative_decoding, every draft length > 0 of the scope or a tier has
+    one (perf could not count its tokens)."""
+    where = ["perf", "synthetic_acceptance_length"]
+    declared = data.get("perf", {}).get("synthetic_acceptance_length", {})
+    for key, al in declared.items():
+        if not (key.isdigit() and int(key) >= 1):
+            v.err(where + [key], f"{key!r} is not a draft length; expected an integer >= 1 as the key")
+        elif not al <= int(key) + 1:
+            v.err(where + [key], f"{al!r} is out of range; expected 1 <= acceptance length <= draft + 1 = {int(key) + 1}")
+    if not data["features"].get("speculative_decoding"):
+        return  # the plan prunes every draft case
+    drafts = set(data["scope"].get("draft_lengths", [0]))
+    for t in data["tiers"].values():
+        drafts |= set(t.get("draft_lengths", []))
+    for k in sorted(d for d in drafts if d > 0 and str(d) not in declared):
+        v.err(where, f"draft length {k} is in scope but has no acceptance length; add {k} = AL "
+                     f"(1 <= AL <= {k + 1}) to [perf] synthetic_acceptance_length")
+
+
+def acceptance_length(perf: dict, draft: int) -> float:
+    """Tokens a step emits per sequence: 1 at draft 0, else the declared synthetic value."""
+    if draft == 0:
+        return 1.0
+    try:
+        return float(perf["synthetic_acceptance_length"][draft])
+    except KeyError:
+        raise SpecError(f"draft length {draft} has no [perf] synthetic_acceptance_length",
+                        f"add {draft} = AL (1 <= AL <= {draft + 1}) to [perf] synthetic_acceptance_length") from None
+
+
+def _perf(given: dict) -> dict:
+    """[perf] over PERF_DEFAULTS, the acceptance lengths keyed by int draft length."""
+    perf = {**PERF_DEFAULTS, **given}
+    perf["synthetic_acceptance_length"] = {int(k): float(al) for k, al in
+                                           perf.get("synthetic_acceptance_length", {}).items()}
+    return perf
 
 
 def _build(path: Path, data: dict, text: str, digest: str) -> Spec:
@@ -472,7 +517,7 @@ def _build(path: Path, data: dict, text: str, digest: str) -> Spec:
         switch=dict(data["switch"]), source_globs=list(data["sources"]["globs"]),
         validation_globs=data["sources"].get("validation"), subject_globs=data["sources"].get("subject"), scope=scope,
         features=features, kernel_names=(data.get("kernels") or {}).get("names"), tiers=tiers,
-        gates=gates, raw_text=text, digest=digest, perf={**PERF_DEFAULTS, **data.get("perf", {})},
+        gates=gates, raw_text=text, digest=digest, perf=_perf(data.get("perf", {})),
         evals=merge_evals(data.get("evals", {})),
     )
 

@@ -176,8 +176,8 @@ def test_decode_step_hooks_run_and_stay_at_context(std):
     std.mixed_step(3, 16)()
     std.mixed_step(1, 8)()
     std.decode_step(1, 8, draft=2)()  # a verify step of 3 tokens (tests/test_k3_speculative.py)
-    with pytest.raises(NotImplementedError):
-        std.step_traffic(1, 8, draft=2)  # the roofline of a verify step: not yet
+    verify, decode = std.step_traffic(1, 8, draft=2), std.step_traffic(1, 8)  # tests/test_k3_traffic.py
+    assert verify["total"] > decode["total"] and verify["weights"] == decode["weights"]
 
 
 def test_standard_path_reports_nothing(std):

@@ -82,8 +82,43 @@ def test_runner_step_traffic_uses_the_benchmark_steps_inputs(model):
     a = r.step_traffic(2, 16)
     state, tokens = r._bench_inputs(2, 16, 0)
     assert a == traffic.decode_traffic(model, tokens, state)
-    with pytest.raises(NotImplementedError, match="draft"):
-        r.step_traffic(2, 16, draft=1)
+    v = r.step_traffic(2, 16, draft=3)
+    state, tokens = r._bench_inputs(2, 16, 0, draft=3)
+    assert tokens.shape == (2, 4) and v == traffic.decode_traffic(model, tokens, state)
+
+
+def test_verify_bytes_grow_with_the_experts_the_drafts_tokens_touch(model):
+    """A verify step reads the experts routed for ANY of its B*(K+1) tokens: drafts repeating
+    the last token read only its experts; distinct drafts read more, by exactly their slices."""
+    cfg = model.cfg
+    st = same_rows_state(model, 1, 16)
+    plain = traffic.decode_traffic(model, torch.tensor([7]), st)
+    repeat = traffic.decode_traffic(model, torch.full((1, 4), 7), st)
+    spread = traffic.decode_traffic(model, torch.tensor([[7, 40, 99, 200]]), st)
+    routed = traffic.routed_experts(model, torch.tensor([[7, 40, 99, 200]]), st)
+    assert spread["experts_touched"] == [int(torch.unique(routed[i]).numel()) for i in sorted(routed)]
+    assert all(t >= cfg.top_k for t in repeat["experts_touched"])
+    assert sum(spread["experts_touched"]) > sum(repeat["experts_touched"])
+    each = model.W(1, "experts_w13")[0].nbytes + model.W(1, "experts_w2")[0].nbytes
+    extra = sum(spread["experts_touched"]) - sum(repeat["experts_touched"])
+    assert spread["experts"] - repeat["experts"] == extra * each
+    emb_row = model.w["embed"][0].nbytes
+    assert spread["total"] - repeat["total"] == extra * each + 3 * emb_row
+    # the same weights, but 4 tokens' cache, trail and logits: more bytes than a decode step
+    assert repeat["weights"] == plain["weights"] and repeat["total"] > plain["total"]
+
+
+def test_verify_counts_the_cache_window_trail_and_logits_of_its_tokens(model):
+    cfg, T = model.cfg, 4
+    st = model.random_state(2, 20, 64, seed=3)
+    t = traffic.decode_traffic(model, torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]]), st)
+    row = cfg.kv_lora * st.latent.element_size()
+    assert t["cache"] == cfg.n_mla * ((20 + T) * 2 + 2 * T) * row  # read 0..20+T-1, write T per sequence
+    window = st.conv.nbytes // (cfg.kda_conv - 1) * (cfg.kda_conv - 1 + T)
+    assert t["state"] == (2 * (st.kda.nbytes + st.conv.nbytes + st.lengths.nbytes)
+                          + T * st.kda.nbytes + window + st.kda.nbytes + st.conv.nbytes)
+    assert t["io"] == 2 * T * 8 + 2 * T * cfg.vocab_size * 4
+    assert int(st.lengths[0]) == 20  # routed on a copy
 
 
 def test_counting_leaves_the_model_object_untouched(model):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,12 +20,15 @@ REAL_SPEC = REPO / "optimized_model" / "k3" / "fastpath.toml"
 
 
 def perf_only_spec(tmp_path: Path) -> Path:
-    """The real spec with the perf gates only and a one-case smoke slice."""
+    """The real spec with the perf gates only and a smoke slice of batch 1 at context 16, draft
+    0 and 3 (whatever draft lengths the real spec declares)."""
     text = REAL_SPEC.read_text()
     head, _, gates = text.partition("[gates]\n")
+    head = re.sub(r"(?m)^draft_lengths = .*\n", "", head)
+    head = re.sub(r"(?m)^speculative_decoding = false$", "speculative_decoding = true", head)
     head = head.replace("batch_sizes = [1, 2, 4]\ncontext_lengths = [16, 64]",
-                        "batch_sizes = [1, 2]\ncontext_lengths = [16]", 1)
-    assert "context_lengths = [16]" in head
+                        "batch_sizes = [1, 2]\ncontext_lengths = [16]\ndraft_lengths = [0, 3]", 1)
+    assert "context_lengths = [16]\ndraft_lengths = [0, 3]" in head and "speculative_decoding = true" in head
     perf_gates = gates[gates.index("[gates.perf_speedup]"):]
     path = tmp_path / "fastpath.toml"
     path.write_text(head + "[gates]\nversion = \"test\"\n\n" + perf_gates)
@@ -50,14 +54,34 @@ def perf_run(tmp_path_factory):
 def test_every_case_has_rows_and_none_gates_on_cpu(perf_run):
     rows, _ = perf_run
     cases = {r["case_id"] for r in rows}
-    assert cases == {"perf/speedup/b1-c16-d0", "perf/speedup/b2-c16-d0", "perf/control/b1-c16-d0",
-                     "perf/summary/table"}
-    waived = [r for r in rows if r["case_id"] == "perf/speedup/b2-c16-d0"]
-    assert [r["status"] for r in waived] == ["waived"] and "smallest batch only" in waived[0]["message"]
-    measured = [r for r in rows if r["case_id"] != "perf/speedup/b2-c16-d0"]
+    assert cases == {"perf/speedup/b1-c16-d0", "perf/speedup/b2-c16-d0", "perf/speedup/b1-c16-d3",
+                     "perf/speedup/b2-c16-d3", "perf/control/b1-c16-d0", "perf/summary/table"}
+    waived = [r for r in rows if r["case_id"].startswith("perf/speedup/b2-")]
+    assert [r["status"] for r in waived] == ["waived"] * 2 and "smallest batch only" in waived[0]["message"]
+    measured = [r for r in rows if not r["case_id"].startswith("perf/speedup/b2-")]
     assert measured and all(r["status"] == "info" for r in measured)
     gate_rows = [r for r in measured if r["metric"] in ("speedup_ci_low", "control_speedup")]
-    assert len(gate_rows) == 2 and all("full tier" in r["message"] for r in gate_rows)
+    assert len(gate_rows) == 3 and all("full tier" in r["message"] for r in gate_rows)
+
+
+def test_draft_case_times_the_real_verify_step_with_synthetic_tokens(perf_run):
+    """b1-c16-d3 on the tiny model: the fast verify step fired (else the outcome says so), its
+    tokens are 1 x the spec's AL / step time, labelled synthetic, and its bytes are the verify
+    step's (more than the decode step's at the same batch and context)."""
+    rows, artifacts = perf_run
+    mine = {(r["metric"], r["path"]): r for r in rows if r["case_id"] == "perf/speedup/b1-c16-d3"}
+    plain = {(r["metric"], r["path"]): r for r in rows if r["case_id"] == "perf/speedup/b1-c16-d0"}
+    head = mine[("speedup_ci_low", "fast")]
+    assert json.loads(head["detail"])["outcome"] not in ("fast path did not fire", "fast path did not verify")
+    al = mine[("acceptance_length", None)]
+    assert al["value"] == 3.5 and "synthetic" in al["message"]
+    for path in ("standard", "fast"):
+        tok = mine[("tokens_per_s", path)]
+        assert tok["value"] == pytest.approx(3.5 * 1e3 / mine[("step_ms", path)]["value"]) and "synthetic" in tok["message"]
+        assert mine[("ms_per_output_token", path)]["value"] == pytest.approx(mine[("step_ms", path)]["value"] / 3.5)
+    assert mine[("bytes_per_step", None)]["value"] > plain[("bytes_per_step", None)]["value"]
+    text = (artifacts / "perf" / "summary.md").read_text()
+    assert "| 1 | 3 | 3.5 synthetic |" in text.split("### draft lengths, context 16")[1]
 
 
 def test_speedup_case_reports_paths_roofline_and_abba_order(perf_run):
@@ -81,7 +105,7 @@ def test_speedup_case_reports_paths_roofline_and_abba_order(perf_run):
 def test_summary_table_is_a_row_and_an_artifact(perf_run):
     rows, artifacts = perf_run
     summary = next(r for r in rows if r["metric"] == "summary_cases")
-    assert summary["value"] == 1
+    assert summary["value"] == 2
     text = (artifacts / "perf" / "summary.md").read_text()
     assert "### context 16" in text and "| 1 |" in text and "control (standard vs standard)" in text
     assert json.loads(summary["evidence"])["table"] == text
@@ -163,7 +187,7 @@ class _FakeModel:
 
         def step():
             if self.fast:
-                trace.engaged("decode", "fake", batch=batch)
+                trace.engaged("decode", "fake", batch=batch, tokens=draft + 1)
             time.sleep(self.seconds)
 
         return step
@@ -227,3 +251,65 @@ def test_the_faster_standard_step_is_the_gated_baseline():
                                                                         [2.0e-3, 2.0e-3])
     seconds["eager"] = 2.5e-3
     assert perf.faster_baseline("compiled", "eager", 2, 20, timer)[:3] == ("standard", "compiled", "standard_eager")
+
+
+def test_a_draft_case_times_verify_steps_and_counts_synthetic_tokens(tmp_path):
+    """At draft 7 both paths' steps are built with draft 7 (one verify step of 8 tokens per
+    sequence) and tokens/s = batch x the spec's synthetic AL (6) / step time, labelled so."""
+    from fastpath.spec import load_spec
+
+    perf = _perf_module()
+    spec = load_spec(perf_only_spec(tmp_path))
+    assert spec.perf["synthetic_acceptance_length"][7] == 6.0
+    perf._SESSION.clear()
+    perf._SESSION["bandwidth"] = 1e9
+    built = []
+
+    class Drafted(_FakeModel):
+        def decode_step(self, batch, context, draft=0):
+            built.append((self.fast, draft))
+            return super().decode_step(batch, context, draft)
+
+    models = {"standard": Drafted(0.004), "fast": Drafted(0.002, fast=True)}
+    rows = []
+    case = {"case_id": "perf/speedup/b2-c16-d7", "config": {"batch": 2, "context": 16, "draft": 7}}
+    perf.test_speedup(case, models, _Engine("cpu", "cpu"), spec, _Tier("smoke"), lambda *a, **k: rows.append((a, k)))
+    assert built and all(draft == 7 for _, draft in built) and {fast for fast, _ in built} == {True, False}
+    by = {(a[1], k.get("path")): (a[2], k) for a, k in rows}
+    step_fast = by[("step_ms", "fast")][0] / 1e3
+    value, kw = by[("tokens_per_s", "fast")]
+    assert value == pytest.approx(2 * 6.0 / step_fast) and "synthetic" in kw["message"]
+    assert kw["detail"]["acceptance_length"] == 6.0 and kw["detail"]["synthetic"] is True
+    assert by[("ms_per_output_token", "fast")][0] == pytest.approx(1e3 * step_fast / 6.0)
+    al, kw = by[("acceptance_length", None)]
+    assert al == 6.0 and "synthetic" in kw["message"]
+    head = by[("speedup_ci_low", "fast")][1]
+    assert head["detail"]["acceptance_length"] == 6.0
+    r = perf.RESULTS[-1]
+    assert r["draft"] == 7 and r["synthetic"] and r["fast_tok_s"] == pytest.approx(2 * 6.0 / step_fast)
+    # the speedup stays the ratio of step times: both paths emit the same tokens
+    assert r["speedup"] == pytest.approx(r["fast_tok_s"] / r["std_tok_s"], rel=0.05)
+
+
+def test_a_draft_case_whose_fast_step_verifies_nothing_does_not_pass(tmp_path):
+    """A fast step built for draft 3 that reports only one-token events (it decoded instead of
+    verifying) must not count as a verify step."""
+    from fastpath import trace
+    from fastpath.spec import load_spec
+
+    perf = _perf_module()
+    spec = load_spec(perf_only_spec(tmp_path))
+    perf._SESSION.clear()
+    perf._SESSION["bandwidth"] = 1e9
+
+    class Decodes(_FakeModel):
+        def decode_step(self, batch, context, draft=0):
+            return lambda: trace.engaged("decode", "fake", batch=batch, tokens=1)
+
+    models = {"standard": _FakeModel(0.002), "fast": Decodes(0.0)}
+    rows = []
+    case = {"case_id": "perf/speedup/b1-c16-d3", "config": {"batch": 1, "context": 16, "draft": 3}}
+    perf.test_speedup(case, models, _Engine("cpu", "cpu"), spec, _Tier("smoke"), lambda *a, **k: rows.append((a, k)))
+    head = next(k for a, k in rows if a[1] == "speedup_ci_low")
+    assert head["passed"] is False and "tokens = 4" in head["message"]
+    assert head["detail"]["outcome"] == "fast path did not verify"

@@ -79,3 +79,31 @@ def test_summary_table_has_one_block_per_context():
     rows = [line for line in block.splitlines() if line.startswith("| ") and "batch" not in line]
     assert rows[0].startswith("| 1 |") and "1.50x [1.40, 1.60]" in rows[0] and "80 %" in rows[0]
     assert rows[1].startswith("| 2 |") and "–" in rows[1]
+
+
+def test_tokens_at_a_draft_length_count_the_acceptance_length():
+    # a verify step at draft 7 with a synthetic AL of 6 emits 6 tokens per sequence
+    assert pt.output_tokens(4, 6.0) == 24 and pt.output_tokens(1, 1.0) == 1
+    assert pt.tokens_per_s(4, 6.0, 0.5) == pytest.approx(48.0)
+    assert pt.tokens_per_s(4, 1.0, 0.5) == pytest.approx(8.0)  # draft 0: one token per sequence
+    assert pt.time_per_output_token(0.012, 6.0) == pytest.approx(0.002)
+    with pytest.raises(ValueError, match="acceptance length 0.5 < 1"):
+        pt.output_tokens(1, 0.5)
+
+
+def test_draft_cases_get_their_own_synthetic_table():
+    base = dict(context=16, std_tok_s=100.0, fast_tok_s=150.0, speedup=1.5, ci_low=1.4, ci_high=1.6, outcome="pass")
+    cases = [dict(base, batch=1, draft=0, acceptance_length=1.0, tpot_ms=6.7),
+             dict(base, batch=1, draft=7, acceptance_length=6.0, tpot_ms=2.1, fast_tok_s=480.0),
+             dict(base, batch=2, draft=3, acceptance_length=3.5, tpot_ms=None)]
+    text = pt.summary_table(cases)
+    main = text.split("### draft lengths")[0]
+    assert [line for line in main.splitlines() if line.startswith("| 1 |")] and "| 2 |" not in main  # draft 0 only
+    drafts = text.split("### draft lengths, context 16")[1]
+    assert "SYNTHETIC acceptance length" in text.split("\n")[[i for i, line in enumerate(text.split("\n"))
+                                                              if "draft lengths" in line][0]]
+    rows = [line for line in drafts.splitlines() if line.startswith("| ") and "batch" not in line]
+    assert rows[0].startswith("| 1 | 0 | 1 |") and "6.7" in rows[0]
+    assert rows[1].startswith("| 1 | 7 | 6 synthetic |") and "480" in rows[1] and "2.1" in rows[1]
+    assert rows[2].startswith("| 2 | 3 | 3.5 synthetic |") and "–" in rows[2]
+    assert "### draft lengths" not in pt.summary_table([cases[0]])  # no draft case: as before

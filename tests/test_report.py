@@ -239,8 +239,8 @@ def test_markdown_summary_escapes_and_caps_hostile_values():
                          tier="full", signers=[{"keyid": "ab" * 32, "owner": evil}],
                          bundle_view={"verdict": {"verdict": evil, "gates": [{"name": evil, "status": evil,
                                                                               "reason": evil}] * 64},
-                                      "perf": [{k: evil for k in ("context", "batch", "standard", "fast", "speedup",
-                                                                  "ci", "mbu", "status")}] * 64})
+                                      "perf": [{k: evil for k in ("context", "batch", "draft", "acceptance", "standard",
+                                                                  "fast", "speedup", "ci", "mbu", "status")}] * 64})
     md = report.render_markdown()
     assert len(md.encode()) < 256 << 10  # far inside the step summary's 1 MiB
     # what markdown reads as markup: escaped characters are literal, code spans show their text
@@ -270,3 +270,29 @@ def test_a_bundle_cannot_ask_for_a_vast_chart(tmp_path):
     assert len(re.findall(r"<text[^>]*>[^<]*×</text>", heat)) <= 32 * 32
     assert "perf-roofline" not in page  # no positive bytes/time: nothing to draw on log axes
     assert "kernel59<" in page and "kernel60<" not in page.split('id="kernels"')[1].split("<details>")[0]
+
+
+def test_perf_draft_cases_get_their_own_heatmap_and_synthetic_acceptance(tmp_path):
+    """The same batch x context at draft 0 and 7: one heatmap per draft length (not one cell
+    overwriting the other), and the table says the draft case's tokens are synthetic."""
+    rows = []
+    for draft, speed, al in ((0, 1.3, None), (7, 1.1, 6.0)):
+        cid = f"perf/speedup/b1-c1024-d{draft}"
+        cfg = dict(batch=1, context=1024, draft=draft)
+        rows.append(make_row("perf", cid, "perf_speedup", "speedup", speed, threshold=1.0, comparator=">",
+                             status="pass", passed=True, detail={"ci_low": speed - 0.05, "ci_high": speed + 0.05},
+                             **cfg))
+        rows.append(make_row("perf", cid, "", "tokens_per_s", 1000.0 * (al or 1), status="info", path="fast", **cfg))
+        if al:
+            rows.append(make_row("perf", cid, "", "acceptance_length", al, status="info", **cfg))
+    page = render(make_bundle(tmp_path, rows, suites={"perf": "done"}))
+    titles = []
+    for k in (1, 2):
+        heat = page[page.index(f'id="perf-heatmap-{k}"'):page.index("</figure>", page.index(f'id="perf-heatmap-{k}"'))]
+        labels = re.findall(r"<text[^>]*>([^<]*)</text>", heat)
+        titles += [t for t in labels if t.startswith("speedup, draft=")]
+        assert [t for t in labels if t.endswith("×")] == (["1.30×"] if k == 1 else ["1.10×"])
+    assert titles == ["speedup, draft=0", "speedup, draft=7"]
+    table = page[page.index('id="perf-table"'):]
+    table = table[:table.index("</table>")]
+    assert "acceptance length" in table and "6 synthetic" in table and "6,000" in table

@@ -188,3 +188,30 @@ def test_max_verify_rows_is_validated_and_tiers_narrow_draft_lengths(tmp_path):
     path = spec_with(tmp_path, 'fallbacks = { prefill = "prefill", mixed = "mixed_batch" }',
                      'fallbacks = { prefill = "prefill", verify_rows = "verify_rows_out_of_scope" }')
     assert load_spec(path).scope["fallbacks"]["verify_rows"] == "verify_rows_out_of_scope"
+
+
+def test_synthetic_acceptance_length_is_validated_and_keyed_by_draft(tmp_path):
+    from fastpath.spec import acceptance_length
+
+    drafts = "context_lengths = [16, 32]\ndraft_lengths = [0, 3, 7]"
+    ok = spec_with(tmp_path, "context_lengths = [16, 32]", drafts)
+    ok.write_text(ok.read_text().replace("[gates]\n", "[perf]\nsynthetic_acceptance_length = { 3 = 3.0, 7 = 6 }\n\n[gates]\n", 1))
+    perf = load_spec(ok).perf
+    assert perf["synthetic_acceptance_length"] == {3: 3.0, 7: 6.0}
+    assert acceptance_length(perf, 0) == 1.0 and acceptance_length(perf, 7) == 6.0
+    with pytest.raises(SpecError, match=r"draft length 5 has no \[perf\] synthetic_acceptance_length"):
+        acceptance_length(perf, 5)
+    bad = ok.read_text().replace("7 = 6 }", "7 = 9, x = 2, 1 = 0.5 }")
+    ok.write_text(bad)
+    text = error_of(ok)
+    assert "perf.synthetic_acceptance_length.1: 0.5 is too small" in text
+    ok.write_text(bad.replace(", 1 = 0.5", ""))
+    text = error_of(ok)
+    assert "perf.synthetic_acceptance_length.7: 9 is out of range; expected 1 <= acceptance length <= draft + 1 = 8" in text
+    assert "perf.synthetic_acceptance_length.x: 'x' is not a draft length" in text
+    # a draft length in scope (here only in a tier's slice) without one: perf could not count its tokens
+    missing = spec_with(tmp_path, "batch_sizes = [1, 4]", "batch_sizes = [1, 4]\ndraft_lengths = [0, 3]")
+    load_spec(missing)  # speculative decoding off: the plan prunes every draft case
+    missing.write_text(missing.read_text().replace("max_context = 64", "max_context = 64\nspeculative_decoding = true", 1))
+    assert ("perf.synthetic_acceptance_length: draft length 3 is in scope but has no acceptance length; "
+            "add 3 = AL (1 <= AL <= 4)") in error_of(missing)

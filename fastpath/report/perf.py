@@ -8,7 +8,11 @@ The row shapes this reads (one case = one batch x context x draft x tp):
   ``{metric: {path: value}}``, plus ``hbm_gbps`` (the bandwidth measured in the run) and
   ``control = true`` for the standard-vs-standard control case.
 * per-path rows, ``path`` = fast | standard | standard_eager | ..., metric one of PATH_METRICS:
-  tokens_per_s, step_ms, mbu, bytes_per_step (and ``hbm_gbps`` rows without a path).
+  tokens_per_s, step_ms, mbu, bytes_per_step, ms_per_output_token (and ``hbm_gbps`` rows
+  without a path).
+* ``metric = "acceptance_length"`` (or ``acceptance_length`` in the speedup row's detail): the
+  tokens a step emits per sequence, synthetic at draft > 0 (the spec's declared value), by
+  which the tokens/s of a draft case are counted.
 
 Whatever is absent is simply not drawn.
 """
@@ -19,7 +23,7 @@ from dataclasses import dataclass, field
 
 from fastpath.report.view import integer, loads_object, number
 
-PATH_METRICS = ("tokens_per_s", "step_ms", "mbu", "bytes_per_step")
+PATH_METRICS = ("tokens_per_s", "step_ms", "mbu", "bytes_per_step", "ms_per_output_token")
 # A chart stays readable (and a hostile bundle cannot ask matplotlib for a vast figure).
 MAX_AXIS = 32
 MAX_POINTS = 2000
@@ -38,6 +42,7 @@ class PerfCase:
     status: str = ""
     control: bool = False
     hbm_gbps: float | None = None
+    acceptance_length: float | None = None
     paths: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def get(self, metric: str, path: str) -> float | None:
@@ -82,6 +87,10 @@ def perf_cases(records: list[dict]) -> list[PerfCase]:
             case.speedup, case.threshold = value, number(r.get("threshold"))
             case.status, case.ci = str(r.get("status") or ""), _ci(detail)
             _paths_from_detail(detail, case)
+            if number(detail.get("acceptance_length")) is not None:
+                case.acceptance_length = number(detail.get("acceptance_length"))
+        elif metric == "acceptance_length":
+            case.acceptance_length = value
         elif metric in PATH_METRICS and value is not None:
             case.paths.setdefault(str(r.get("path") or "fast"), {})[metric] = value
         elif metric == "hbm_gbps":
@@ -114,7 +123,7 @@ def roofline_points(cases: list[PerfCase]) -> list[dict]:
         for path, figures in sorted(c.paths.items()):
             if figures.get("bytes_per_step") and figures.get("step_ms"):
                 points.append({"path": path, "bytes": figures["bytes_per_step"], "step_ms": figures["step_ms"],
-                               "batch": c.batch})
+                               "batch": c.batch, "draft": c.draft})
     return [p for p in points if p["bytes"] > 0 and p["step_ms"] > 0][:MAX_POINTS]  # log axes
 
 

@@ -214,7 +214,10 @@ def perf_section(view: BundleView) -> dict:
     table = []
     for c in cases:
         mbu = c.get("mbu", "fast")
+        al = c.acceptance_length
+        synthetic = " synthetic" if al is not None and (c.draft or 0) > 0 else ""
         table.append({"context": fmt(c.context), "batch": fmt(c.batch), "draft": fmt(c.draft), "tp": fmt(c.tp),
+                      "acceptance": "" if al is None else f"{fmt(al)}{synthetic}",
                       "control": c.control, "standard": fmt(c.get("tokens_per_s", "standard")),
                       "fast": fmt(c.get("tokens_per_s", "fast")), "others": [fmt(c.get("tokens_per_s", p)) for p in paths],
                       "step_fast": fmt(c.get("step_ms", "fast")), "step_standard": fmt(c.get("step_ms", "standard")),
@@ -223,7 +226,9 @@ def perf_section(view: BundleView) -> dict:
                       "mbu": "" if mbu is None else f"{mbu * 100 if mbu <= 1.5 else mbu:.0f} %",
                       "bytes": fmt(c.get("bytes_per_step", "fast"))})
     return {"present": True, "heatmaps": heatmaps, "roofline": charts.roofline(points, bw, "roofline") if points else "",
-            "bandwidth": fmt(bw), "table": table[:MAX_TABLE_ROWS], "other_paths": [cap(p, 40) for p in paths]}
+            "bandwidth": fmt(bw), "table": table[:MAX_TABLE_ROWS],
+            # the column only where a case has one (a bundle without drafts renders as before)
+            "acceptance": any(r["acceptance"] for r in table), "other_paths": [cap(p, 40) for p in paths]}
 
 
 # --- environment and reproduction --------------------------------------------------------------

@@ -17,8 +17,19 @@ bandwidth measured in this run, MBU and the minimum step time per path.
 control case: the standard step against a second, separately built standard step; the alarm
 rings only beyond the stricter ``control_confidence`` (fastpath.stats.control_alarm).
 
+Draft length K > 0 (a case's ``draft``): each path's step is one verify step of K + 1 tokens
+per sequence. It emits (accepted + 1) tokens per sequence, the spec's ``[perf]
+synthetic_acceptance_length`` AL (declared before measuring): tokens/s = batch x AL / step time,
+time per output token = step time / AL, every such row labelled synthetic. The speedup stays
+the ratio of step times (both paths emit the same tokens); the roofline counts the verify
+step's bytes (step_traffic at that draft). The fast step counts as fired at draft K only if
+an engaged event reports ``tokens = K + 1`` (a verify kernel ran on the draft's tokens): a
+step that silently decoded one token per sequence would otherwise pass as a verify step.
+
 summary case: the K3-style table (batch | standard tok/s | fast tok/s | speedup [CI] | MBU, per
-context) as a row and as files in the run's artifacts (logs/artifacts/perf/ in the bundle).
+context) and, with draft cases, the draft-length table (batch x draft: acceptance length,
+tok/s, time per output token, speedup [CI]) as a row and as files in the run's artifacts
+(logs/artifacts/perf/ in the bundle).
 
 ``[perf] budget_s``: speedup cases reached after that many seconds are error rows (not measured),
 so a phase that must fit one command still ends with its summary.
@@ -42,6 +53,7 @@ from fastpath import perf_timing as pt
 from fastpath import stats, trace
 from fastpath import suite_helpers as H
 from fastpath.measure import copy_bandwidth
+from fastpath.spec import acceptance_length
 
 RESULTS: list[dict] = []  # speedup cases measured in this session, for the summary case
 _SESSION: dict[str, Any] = {}
@@ -145,6 +157,9 @@ def case_settings(case, spec, tier, engine) -> tuple[int, int, int, bool, str, d
 @pytest.mark.fastpath(kind="speedup", gate="perf_speedup")
 def test_speedup(case, fp_models, fp_engine, fp_spec, fp_tier, record):
     batch, context, draft, gated, why, s = case_settings(case, fp_spec, fp_tier, fp_engine)
+    al = acceptance_length(s, draft)  # tokens per step per sequence; synthetic at draft > 0
+    synthetic = (f"synthetic: {al:g} tokens per sequence per verify step, the spec's [perf] "
+                 f"synthetic_acceptance_length at draft {draft}, not measured") if draft else ""
     status = None if gated else "info"
     start = _SESSION.setdefault("t0", time.monotonic())
     if s["budget_s"] and time.monotonic() - start > s["budget_s"]:
@@ -157,6 +172,7 @@ def test_speedup(case, fp_models, fp_engine, fp_spec, fp_tier, record):
     with trace.recording() as rec:
         fast_step, fast_setup = build(fast_model, batch, context, draft)
     fired = bool(rec.engaged())
+    verified = not draft or any(dict(e.shape).get("tokens") == draft + 1 for e in rec.engaged())
     eager = eager_model(fp_models, fp_engine)
     baseline, baseline_error = "standard", ""
     try:
@@ -216,9 +232,13 @@ def test_speedup(case, fp_models, fp_engine, fp_spec, fp_tier, record):
                 "roofline": roof, "settings": s, "verdict": verdict.as_dict(),
                 "standard_compile": fp_engine.info().get("standard_compile"), "baseline": baseline,
                 "problems": problems}
-    outcome = verdict.outcome if fired else "fast path did not fire"
+    outcome = verdict.outcome if fired and verified else "fast path did not fire"
     if not fired:
         msg = "the fast path reported no event while its step was built: the speedup would compare standard with itself"
+    elif not verified:
+        outcome = "fast path did not verify"
+        msg = (f"no fast-path event reported tokens = {draft + 1} while the draft-{draft} step was built: it did not "
+               f"run a verify step of draft + 1 tokens per sequence; check decode_step(batch, context, draft)")
     elif verdict.outcome == "pass":
         msg = ""
     else:
@@ -230,22 +250,30 @@ def test_speedup(case, fp_models, fp_engine, fp_spec, fp_tier, record):
     if not gated:
         msg = f"{why}. {msg}".strip()
     record("perf_speedup", "speedup_ci_low", verdict.ci_low, threshold=s["min_speedup"], comparator=">",
-           passed=fired and verdict.passed, status=status, message=msg,
-           detail={**verdict.as_dict(), "outcome": outcome}, evidence=H.jsonable(evidence), path="fast")
+           passed=fired and verified and verdict.passed, status=status, message=msg,
+           detail={**verdict.as_dict(), "outcome": outcome, "acceptance_length": al, "synthetic": bool(draft)},
+           evidence=H.jsonable(evidence), path="fast")
 
-    def info(metric: str, value: float, path: str | None = None, **detail: Any) -> None:
-        record("perf_speedup", metric, value, status="info", message="" if gated else why, path=path,
+    def info(metric: str, value: float, path: str | None = None, label: str = "", **detail: Any) -> None:
+        message = "; ".join(m for m in (label, "" if gated else why) if m)
+        record("perf_speedup", metric, value, status="info", message=message, path=path,
                detail=H.jsonable(detail) if detail else None)
 
     info("speedup", verdict.speedup, "fast", ci_low=verdict.ci_low, ci_high=verdict.ci_high, outcome=outcome,
          against=baseline + (" (compiled)" if baseline == "standard" and evidence["standard_compile"]
-                             not in (None, "off") else ""), problems=problems)
+                             not in (None, "off") else ""), problems=problems, acceptance_length=al,
+         synthetic=bool(draft))
     if other:  # the slower standard step, timed in its pilot rounds only
         info("speedup_vs_eager" if other == "standard_eager" else "speedup_vs_compiled", times[other] / times["fast"],
              "fast", rounds=len(other_s))
+    if draft:
+        info("acceptance_length", al, None, synthetic, draft=draft, synthetic=True)
     for p, t in times.items():
         info("step_ms", 1e3 * t, p)
-        info("tokens_per_s", batch / t, p)
+        info("tokens_per_s", pt.tokens_per_s(batch, al, t), p, synthetic, acceptance_length=al,
+             synthetic=bool(draft))
+        info("ms_per_output_token", 1e3 * pt.time_per_output_token(t, al), p, synthetic, acceptance_length=al,
+             synthetic=bool(draft))
         info("setup_s", setup[p], p)
         if p in roof:
             info("mbu", roof[p]["mbu"], p, min_step_ms=1e3 * roof[p]["min_step_s"], bandwidth=bw)
@@ -257,9 +285,12 @@ def test_speedup(case, fp_models, fp_engine, fp_spec, fp_tier, record):
             info("experts_touched", sum(touched) / len(touched), None, per_layer=touched,
                  n_experts=traffic.get("n_experts"))
     RESULTS.append({"batch": batch, "context": context, "draft": draft, "baseline": baseline,
-                    "std_tok_s": batch / times.get("standard", times[baseline]),
-                    "fast_tok_s": batch / times["fast"], "eager_tok_s": batch / times["standard_eager"]
-                    if "standard_eager" in times else None, "speedup": verdict.speedup, "ci_low": verdict.ci_low,
+                    "acceptance_length": al, "synthetic": bool(draft),
+                    "std_tok_s": pt.tokens_per_s(batch, al, times.get("standard", times[baseline])),
+                    "fast_tok_s": pt.tokens_per_s(batch, al, times["fast"]),
+                    "eager_tok_s": pt.tokens_per_s(batch, al, times["standard_eager"])
+                    if "standard_eager" in times else None,
+                    "tpot_ms": 1e3 * pt.time_per_output_token(times["fast"], al), "speedup": verdict.speedup, "ci_low": verdict.ci_low,
                     "ci_high": verdict.ci_high, "mbu": roof.get("fast", {}).get("mbu"),
                     "mbu_standard": roof.get(baseline, {}).get("mbu"),
                     "outcome": outcome if not baseline_error else f"error ({baseline} baseline)",

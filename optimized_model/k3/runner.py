@@ -331,11 +331,9 @@ class K3Runner:
 
     def step_traffic(self, batch: int, context: int, draft: int = 0, seed: int = 0) -> dict:
         """Bytes the step ``decode_step(batch, context, draft, seed)`` must move (traffic.py)."""
-        if draft:
-            raise NotImplementedError("speculative decoding (draft > 0) is not supported by K3-mini")
         from .traffic import decode_traffic
 
-        state, tokens = self._bench_inputs(batch, context, seed)
+        state, tokens = self._bench_inputs(batch, context, seed, draft)
         return decode_traffic(self.model, tokens, state)
 
     def prefill_step(self, batch: int, context: int, seed: int = 0) -> Callable[[], None]:

@@ -13,6 +13,13 @@ of every MoE layer (``K3Model.route``), and counts:
   latent written; the lengths read and written;
 * io: the input tokens read, the fp32 logits written.
 
+A verify step (tokens [B, T], T = draft + 1; ``K3Model.verify`` then ``commit`` keeping all T,
+as the benchmark step does) counts the same way over its B*T tokens (the experts are the
+distinct ids the router picked for any of them), and moves more state: the KDA state and conv
+state read once, the per-token KDA states and the conv window (W-1+T columns) written for the
+rollback, the kept ones read and written back by commit; the latent cache read at 0 .. len+T-1
+and T new latents written per sequence; B*T fp32 logit rows written.
+
 The fast path routes with its own kernel; the experts it reads are the same where it computes
 the same router (the kernels and parity suites hold it to that).
 """
@@ -27,7 +34,8 @@ _EXPERTS = re.compile(r"^L(\d+)\.experts_(w13|w2)$")
 
 
 def routed_experts(model, tokens: torch.Tensor, state) -> dict[int, torch.Tensor]:
-    """{MoE layer: router top-k ids [batch, k]} of one standard decode step (on a state copy)."""
+    """{MoE layer: router top-k ids} of one standard decode step (tokens [B]) or verify step
+    (tokens [B, T]), run on a state copy."""
     seen: dict[int, torch.Tensor] = {}
     # a twin sharing the weights: the model itself is never patched (torch.compile guards on the
     # compiled standard step's model object; touching its attributes would force recompiles)
@@ -41,13 +49,18 @@ def routed_experts(model, tokens: torch.Tensor, state) -> dict[int, torch.Tensor
         return ids, w
 
     twin.route = spy  # instance attribute: shadows the method for this one step
-    twin.decode(tokens, state.clone())
+    if tokens.dim() == 2:
+        twin.verify(tokens, state.clone())
+    else:
+        twin.decode(tokens, state.clone())
     return seen
 
 
 def step_bytes(model, tokens: torch.Tensor, state, routed: dict[int, torch.Tensor]) -> dict:
-    """The byte count of the module docstring for ``tokens`` [B] on ``state`` with ``routed``."""
+    """The byte count of the module docstring for ``tokens`` [B] (decode) or [B, T] (verify)
+    on ``state`` with ``routed``."""
     cfg = model.cfg
+    T = tokens.shape[1] if tokens.dim() == 2 else 1
     weights = experts = embedding = 0
     touched: dict[int, int] = {}
     for name, t in model.w.items():
@@ -63,10 +76,13 @@ def step_bytes(model, tokens: torch.Tensor, state, routed: dict[int, torch.Tenso
             weights += t.nbytes
     lat = state.latent
     row = lat.shape[-1] * lat.element_size()
-    cache = int(cfg.n_mla * (int(state.lengths.sum()) + state.batch) * row)  # read 0..len incl. new
-    cache += cfg.n_mla * state.batch * row  # write the new latent
+    cache = int(cfg.n_mla * (int(state.lengths.sum()) + state.batch * T) * row)  # read 0..len+T-1
+    cache += cfg.n_mla * state.batch * T * row  # write the new latents
     recurrent = 2 * (state.kda.nbytes + state.conv.nbytes + state.lengths.nbytes)
-    io = tokens.nbytes + state.batch * cfg.vocab_size * 4
+    if T > 1:  # the rollback trail (T per-token KDA states, the conv window) written, the kept ones read
+        window = state.conv.nbytes // (cfg.kda_conv - 1) * (cfg.kda_conv - 1 + T)
+        recurrent += T * state.kda.nbytes + window + state.kda.nbytes + state.conv.nbytes
+    io = tokens.nbytes + state.batch * T * cfg.vocab_size * 4
     total = weights + experts + embedding + cache + recurrent + io
     return {"total": int(total), "weights": int(weights), "experts": int(experts), "embedding": int(embedding),
             "state": int(recurrent), "cache": int(cache), "io": int(io),
