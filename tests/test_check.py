@@ -245,7 +245,8 @@ def test_full_tier_waivers_of_verify_steps_over_max_verify_rows_pass_the_check(t
     repo = make_repo(tmp_path / "repo")
     spec = repo / SPEC_REL
     spec.write_text(spec.read_text().replace("draft_lengths = [0]", "draft_lengths = [0, 3]\nmax_verify_rows = 4")
-                    .replace("max_context = 128", "max_context = 128\nspeculative_decoding = true"))
+                    .replace("max_context = 128", "max_context = 128\nspeculative_decoding = true")
+                    .replace("[gates]\n", "[perf]\nsynthetic_acceptance_length = { 3 = 3.0 }\n\n[gates]\n", 1))
     b = build(tmp_path, repo=repo)
     plan = json.loads((b.bundle / "plan.json").read_text())
     waived = {w["case_id"]: w["reason"] for w in plan["waivers"]}

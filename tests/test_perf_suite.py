@@ -25,6 +25,7 @@ def perf_only_spec(tmp_path: Path) -> Path:
     text = REAL_SPEC.read_text()
     head, _, gates = text.partition("[gates]\n")
     head = re.sub(r"(?m)^draft_lengths = .*\n", "", head)
+    head = re.sub(r"(?m)^max_verify_rows = .*\n", "", head)  # only with a draft in [scope]
     head = re.sub(r"(?m)^speculative_decoding = false$", "speculative_decoding = true", head)
     head = head.replace("batch_sizes = [1, 2, 4]\ncontext_lengths = [16, 64]",
                         "batch_sizes = [1, 2]\ncontext_lengths = [16]\ndraft_lengths = [0, 3]", 1)

@@ -161,10 +161,14 @@ def test_perf_draft_without_spec_decode_is_waived(tmp_path):
     assert waivers and all(w.case.config["draft"] == 2 and "speculative_decoding" in w.reason for w in waivers)
 
 
+# perf needs a declared acceptance length for every draft length in scope (spec.py)
+ACCEPTANCE = ("[gates]\n", "[perf]\nsynthetic_acceptance_length = { 1 = 1.5, 3 = 3.0 }\n\n[gates]\n")
+
+
 def test_verify_steps_over_max_verify_rows_are_waived_with_the_fallback_named(tmp_path):
     spec = spec_with(tmp_path, ("context_lengths = [16, 32]", "context_lengths = [16, 32]\ndraft_lengths = [0, 1, 3]\n"
                                 "max_verify_rows = 8"),
-                     ("max_context = 64", "max_context = 64\nspeculative_decoding = true"))
+                     ("max_context = 64", "max_context = 64\nspeculative_decoding = true"), ACCEPTANCE)
     plan = build_plan(spec, "full")
     waived = {w.case.case_id: w.reason for w in plan.waivers}
     # batch 4 x (3 + 1) = 16 rows > 8: waived on decode and profiler alike; 4 x 2 = 8 and 2 x 4 = 8 run
@@ -174,7 +178,7 @@ def test_verify_steps_over_max_verify_rows_are_waived_with_the_fallback_named(tm
     assert not any("max_verify_rows" in r for cid, r in waived.items() if "-d0" in cid)
     # no limit declared: nothing is waived for rows
     spec = spec_with(tmp_path, ("context_lengths = [16, 32]", "context_lengths = [16, 32]\ndraft_lengths = [0, 3]"),
-                     ("max_context = 64", "max_context = 64\nspeculative_decoding = true"))
+                     ("max_context = 64", "max_context = 64\nspeculative_decoding = true"), ACCEPTANCE)
     assert not any("max_verify_rows" in w.reason for w in build_plan(spec, "full").waivers)
 
 
