@@ -18,9 +18,10 @@ from fastpath.engine import GenerationRequest
 
 # The fast path's verify variant in the trace (optimized_model/k3/fast/kernels/kda_verify.py).
 VERIFY_COMPONENT, VERIFY_VARIANT = "kda_decode", "triton_verify"
-# Repetitive text: the n-gram drafter finds the context's suffix earlier in it and proposes.
-REPETITIVE = ("the cat sat on the mat. the cat sat on the mat. the cat sat on the mat. the cat",
-              "one two three four, one two three four, one two three four, one two")
+# Smoke-tier seed text: a random model's drafts come from its own output repeating, and the
+# tiny config's greedy continuation of this text repeats a trigram 4 tokens after SMOKE_OWN_TOKENS
+# (a changed model that stops repeating fails the check loudly: nothing drafted).
+SMOKE_TEXT, SMOKE_OWN_TOKENS = "abc abc abc", 8
 
 
 class SpeculationUnsupported(RuntimeError):
@@ -70,15 +71,18 @@ def verify_steps_engaged(rec: Any, k: int) -> int:
                if e.detail.startswith(VERIFY_VARIANT) and dict(e.shape).get("tokens") == k + 1)
 
 
-def prompts(tok: Any, tier_name: str, n: int, n_tokens: int = 48) -> list[list[int]]:
+def prompts(model: Any, tier_name: str, n: int, n_tokens: int = 48) -> list[list[int]]:
     """Prompts on which the n-gram drafter proposes: on the full tier the trained model's held-out
-    eval documents (fastpath.evals.sequences, seeds the parity suite does not use), elsewhere
-    repetitive text (a random model's own output rarely repeats)."""
+    eval documents (fastpath.evals.sequences, seeds the parity suite does not use); elsewhere
+    SMOKE_TEXT followed by ``model``'s own greedy continuation (a random model repeats itself)."""
+    tok = model.tokenizer
     if tier_name == "full":
         from fastpath.evals.sequences import task_documents
 
         return [task_documents(tok, 900 + i, n_tokens) for i in range(n)]
-    return [tok.encode(REPETITIVE[i % len(REPETITIVE)]) for i in range(n)]
+    seed = tok.encode(SMOKE_TEXT)
+    own = model.generate([GenerationRequest(prompt_ids=seed, max_tokens=SMOKE_OWN_TOKENS, ignore_eos=True)])[0]
+    return [seed + list(own.token_ids)] * n
 
 
 def greedy_compare(model: Any, reqs: list[GenerationRequest], k: int) -> dict:
@@ -129,3 +133,18 @@ def distribution_test(model: Any, prompt: list[int], pairs: list[tuple[int, int]
             obs[t] += c
         tests.append(stats.g_test(obs, p))
     return stats.g_test_pooled(tests)
+
+
+def greedy_failure(res: dict, k: int, *, fast_path: bool) -> str:
+    """Why a ``greedy_compare`` result fails (empty: it passes): drafts must have been proposed
+    and verified on every row's path, the fast path's verify kernels must have run at K + 1
+    tokens, and every row's ids must equal decoding without drafts."""
+    t = res["stats"]
+    if t["drafted"] == 0 or t["rows_without_statistics"]:
+        return "no draft was proposed and verified: speculation never ran"
+    if fast_path and res["verify_launches"] == 0:
+        return f"the fast verify kernels never ran at {k + 1} tokens per sequence"
+    if res["identical_rows"] < res["rows"]:
+        return (f"{res['rows'] - res['identical_rows']} of {res['rows']} rows differ from greedy decoding without "
+                f"drafts (first differing token: {res['first_difference']})")
+    return ""

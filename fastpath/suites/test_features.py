@@ -499,28 +499,20 @@ def _spec_sizes(fp_tier) -> dict:
 def _spec_greedy(k, sizes, fp_models, fp_tier, record):
     """Per path: greedy token ids identical with and without n-gram drafts, drafts verified
     (fast path: the verify kernels at K + 1 tokens); the n-gram acceptance length reported."""
-    tok = fp_models["fast"].tokenizer
     reqs = [GenerationRequest(prompt_ids=p, max_tokens=sizes["max_tokens"], ignore_eos=True)
-            for p in SC.prompts(tok, H.tier_name(fp_tier), sizes["batch"])]
+            for p in SC.prompts(fp_models["standard"], H.tier_name(fp_tier), sizes["batch"])]
     for path in ("standard", "fast"):
         res = SC.greedy_compare(fp_models[path], reqs, k)
         t = res["stats"]
-        verified = t["drafted"] > 0 and t["rows_without_statistics"] == 0
-        engaged = path == "standard" or res["verify_launches"] > 0
-        same = res["identical_rows"] == res["rows"]
-        ok = same and verified and engaged
-        why = ("no draft was proposed and verified: speculation never ran" if not verified else
-               f"the fast verify kernels never ran at {k + 1} tokens per sequence" if not engaged else
-               f"{res['rows'] - res['identical_rows']} of {res['rows']} rows differ from greedy decoding without "
-               f"drafts (first differing token: {res['first_difference']})" if not same else "")
+        why = SC.greedy_failure(res, k, fast_path=path == "fast")
         base = {"batch": len(reqs), "draft": k, "path": path}
         record("features_speculative", "greedy_identical_rows", res["identical_rows"] / res["rows"], threshold=1.0,
-               comparator=">=", passed=ok, detail={**t, "verify_launches_at_k_plus_1": res["verify_launches"],
+               comparator=">=", passed=not why, detail={**t, "verify_launches_at_k_plus_1": res["verify_launches"],
                                                    "method": "ngram", "max_tokens": sizes["max_tokens"]},
                evidence={"plain": res["plain"], "speculative": res["speculative"]}, message=why, **base)
         record("features_speculative", "ngram_mean_acceptance_length", t["mean_acceptance_length"], status="info",
                detail={**t, "method": "ngram", "prompts": "eval documents" if H.tier_name(fp_tier) == "full"
-                       else "repetitive text"}, **base)
+                       else f"{SC.SMOKE_TEXT!r} + the model's own greedy continuation"}, **base)
 
 
 def _spec_synthetic(k, sizes, fp_models, fp_tier, record):
@@ -529,7 +521,7 @@ def _spec_synthetic(k, sizes, fp_models, fp_tier, record):
     target = max(1.0, SYNTHETIC_ACCEPTANCE * (k + 1))
     steps = sizes["synthetic_steps"]
     reqs = [GenerationRequest(prompt_ids=p, max_tokens=1 + int(target * steps), ignore_eos=True)
-            for p in SC.prompts(fast.tokenizer, H.tier_name(fp_tier), sizes["batch"])]
+            for p in SC.prompts(fp_models["standard"], H.tier_name(fp_tier), sizes["batch"])]
     cfg = {"method": "synthetic", "num_speculative_tokens": k, "acceptance_length": target}
     with trace.recording() as rec:
         out = SC.generate(fast, reqs, cfg)
@@ -551,7 +543,7 @@ def _spec_sampled(k, sizes, fp_engine, fp_models, fp_gate, record):
     path = "fast" if H.device_kind(fp_engine) == "cuda" else "standard"
     model = fp_models[path]
     tok = model.tokenizer
-    prompt = SC.prompts(tok, "smoke", 1)[0]  # repetitive: the drafter proposes every time
+    prompt = SC.prompts(model, "smoke", 1)[0]
     draws = sizes["draws"]
     batch = min(16, draws)
     # the synthetic drafter at full acceptance drafts the target's greedy continuation at every
