@@ -116,15 +116,17 @@ def sampled_second_tokens(model: Any, prompt: list[int], *, draws: int, batch: i
 
 
 def distribution_test(model: Any, prompt: list[int], pairs: list[tuple[int, int]], temperature: float,
-                      n_valid: int | None) -> stats.GTestResult:
+                      n_valid: int | None, score: Any = None) -> stats.GTestResult:
     """Pooled G-test of the second tokens against softmax(logits / T) of ``model`` at each
-    (prompt, first token) context: the distribution normal decoding draws from."""
+    (prompt, first token) context: the distribution normal decoding draws from. ``score(seqs)``:
+    the logits per sequence (default ``model.score``)."""
+    score = score or model.score
     groups: dict[int, Counter] = defaultdict(Counter)
     for t1, t2 in pairs:
         groups[t1][t2] += 1
     tests = []
     for t1, counts in sorted(groups.items()):
-        row = model.score([list(prompt) + [t1]])[0][-1].detach().float().cpu().numpy().astype(np.float64)
+        row = score([list(prompt) + [t1]])[0][-1].detach().float().cpu().numpy().astype(np.float64)
         if n_valid:
             row[n_valid:] = -np.inf
         p = np.exp(stats.log_softmax(row / temperature))

@@ -545,13 +545,15 @@ def _spec_sampled(k, sizes, fp_engine, fp_models, fp_gate, record):
     tok = model.tokenizer
     prompt = SC.prompts(model, "smoke", 1)[0]
     draws = sizes["draws"]
-    batch = min(16, draws)
+    batch = min(draws, 64 // (k + 1))  # B x (K + 1) verify rows within the fast path's 64
     # the synthetic drafter at full acceptance drafts the target's greedy continuation at every
     # step (an n-gram match after a random first token is rare): the rejection rule always judges
     drafter = {"method": "synthetic", "num_speculative_tokens": k, "acceptance_length": k + 1}
     pairs, t = SC.sampled_second_tokens(model, prompt, draws=draws, batch=batch, temperature=SPEC_TEMPERATURE,
                                         speculative=drafter, seed0=5_000_000)
-    res = SC.distribution_test(model, prompt, pairs, SPEC_TEMPERATURE, getattr(tok, "n_real_tokens", None))
+    # the path's own decode logits (teacher-forced), as the sampling case: what its sampler draws from
+    res = SC.distribution_test(model, prompt, pairs, SPEC_TEMPERATURE, getattr(tok, "n_real_tokens", None),
+                               score=lambda seqs: H.score_teacher_forced(model, seqs, None, batch))
     verified = t["drafted"] > 0 and t["rows_without_statistics"] == 0
     ok = verified and len(pairs) >= 0.9 * draws and res.passed(alpha)
     why = ("no draft was proposed and verified: speculation never ran" if not verified else
