@@ -111,6 +111,26 @@ def test_greedy_check_fails_an_acceptance_that_takes_non_argmax_drafts(std, monk
     assert "rows differ from greedy decoding" in SC.greedy_failure(res, K, fast_path=False), res
 
 
+def test_greedy_check_fails_a_rollback_that_keeps_a_rejected_tokens_state(std, monkeypatch):
+    """Planted defect: commit keeps the KDA state one token past the accepted ones (a rejected
+    draft's state survives) while lengths and latents are right."""
+    from optimized_model.k3.model import K3Model
+
+    honest_commit = K3Model.commit
+
+    def leaky_commit(self, state, trail, keep):
+        honest_commit(self, state, trail, keep)
+        rows = torch.arange(state.batch)
+        past = torch.clamp(keep.to(torch.int64), max=trail.T - 1)  # index keep = the next token's state
+        for s in range(self.cfg.n_kda):
+            state.kda[s].copy_(trail.kda[s][rows, past])
+
+    reqs = _greedy_requests(std, max_tokens=24)  # the leak must reach a later argmax
+    monkeypatch.setattr(K3Model, "commit", leaky_commit)
+    res = SC.greedy_compare(std, reqs, K)
+    assert "rows differ from greedy decoding" in SC.greedy_failure(res, K, fast_path=False), res
+
+
 def test_greedy_check_fails_when_nothing_was_drafted(std, monkeypatch):
     reqs = _greedy_requests(std)
     monkeypatch.setattr(NgramDrafter, "propose_one", lambda self, context: [])

@@ -486,8 +486,10 @@ def test_full_context(case, fp_engine, fp_models, fp_gate, record):
 # Sized for the smoke tier's interpreter: one prompt, a few tokens (a verify step of K + 1 rows
 # costs about a decode step of that many rows, ~1.5 s per row-step); the full tier uses the
 # trained model's held-out eval documents, a batch of 8 and longer generations.
-SPEC_SIZES = {"smoke": {"batch": 1, "max_tokens": 6, "synthetic_steps": 2, "draws": 256},
-              "full": {"batch": 8, "max_tokens": 64, "synthetic_steps": 16, "draws": 4000}}
+# max_tokens per path: the standard path is cheap on CPU, and a rollback that keeps a rejected
+# token's state shows only tokens later (24 catch it in tests/test_features_speculative.py).
+SPEC_SIZES = {"smoke": {"batch": 1, "max_tokens": {"standard": 24, "fast": 6}, "synthetic_steps": 2, "draws": 256},
+              "full": {"batch": 8, "max_tokens": {"standard": 64, "fast": 64}, "synthetic_steps": 16, "draws": 4000}}
 SPEC_TEMPERATURE = 0.8
 SYNTHETIC_ACCEPTANCE = 0.5  # the synthetic drafter's acceptance length: this fraction of K + 1
 
@@ -499,16 +501,17 @@ def _spec_sizes(fp_tier) -> dict:
 def _spec_greedy(k, sizes, fp_models, fp_tier, record):
     """Per path: greedy token ids identical with and without n-gram drafts, drafts verified
     (fast path: the verify kernels at K + 1 tokens); the n-gram acceptance length reported."""
-    reqs = [GenerationRequest(prompt_ids=p, max_tokens=sizes["max_tokens"], ignore_eos=True)
-            for p in SC.prompts(fp_models["standard"], H.tier_name(fp_tier), sizes["batch"])]
+    prompts = SC.prompts(fp_models["standard"], H.tier_name(fp_tier), sizes["batch"])
     for path in ("standard", "fast"):
+        n = sizes["max_tokens"][path]
+        reqs = [GenerationRequest(prompt_ids=p, max_tokens=n, ignore_eos=True) for p in prompts]
         res = SC.greedy_compare(fp_models[path], reqs, k)
         t = res["stats"]
         why = SC.greedy_failure(res, k, fast_path=path == "fast")
         base = {"batch": len(reqs), "draft": k, "path": path}
         record("features_speculative", "greedy_identical_rows", res["identical_rows"] / res["rows"], threshold=1.0,
                comparator=">=", passed=not why, detail={**t, "verify_launches_at_k_plus_1": res["verify_launches"],
-                                                   "method": "ngram", "max_tokens": sizes["max_tokens"]},
+                                                   "method": "ngram", "max_tokens": n},
                evidence={"plain": res["plain"], "speculative": res["speculative"]}, message=why, **base)
         record("features_speculative", "ngram_mean_acceptance_length", t["mean_acceptance_length"], status="info",
                detail={**t, "method": "ngram", "prompts": "eval documents" if H.tier_name(fp_tier) == "full"
