@@ -120,7 +120,14 @@ class Model(Protocol):
     tokenizer: Tokenizer
     device: str
 
-    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]: ...
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Optional capability: ``generate(requests, speculative=None)``, where ``speculative`` is
+        vLLM's speculative_config as a table (``{"method": "ngram", "num_speculative_tokens": K}``)
+        and each result then carries ``speculative``, its acceptance statistics (``steps``,
+        ``drafted``, ``accepted``). The features suite checks speculation only through it
+        (fastpath/speculative_checks.py); an engine without it gets error rows when the spec
+        declares features.speculative_decoding."""
+        ...
 
     def score(self, token_ids: list[list[int]], prefill_len: int | None = None) -> list[Any]:
         """Teacher-forced logits (fp32 tensor [len, vocab]; row i predicts token i + 1).

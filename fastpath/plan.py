@@ -123,6 +123,9 @@ PRUNING_RULES: tuple[Rule, ...] = (
     Rule("eval_bucket_over_max", (("evals", "bucket"),),
          lambda cfg, spec, tier: cfg["context"] > spec.features["max_context"],
          "the bucket exceeds features.max_context (the fast path's scope)"),
+    Rule("speculative_needs_spec_decode", (("features", "speculative"),),
+         lambda cfg, spec, tier: cfg.get("draft", 0) == 0 or not spec.features["speculative_decoding"],
+         "features.speculative_decoding is false or the tier declares no draft length > 0"),
 )
 
 # What a tier cannot do.
@@ -139,7 +142,18 @@ TIER_RULES: tuple[Rule, ...] = (
          lambda cfg, spec, tier: tier.name != "full" and cfg["batch"] != min(tier.scope["batch_sizes"]),
          "the smoke tier times the smallest batch only (a fast step takes seconds in Triton's CPU "
          "interpreter); perf is gated on the full tier"),
+    # a structured batch of 5 rows verifies 5 x (K + 1) rows a step: seconds each in the interpreter
+    Rule("structured_draft_smoke_one", (("features", "structured"),),
+         lambda cfg, spec, tier: tier.name != "full" and cfg["draft"] > 0
+         and (cfg["mode"], cfg["structured"]) != ("greedy", _cheapest_grammar(spec)),
+         "the smoke tier runs one structured case with a draft (greedy, the shorter grammar); "
+         "every one runs on the full tier"),
 )
+
+
+def _cheapest_grammar(spec: Spec) -> str:
+    kinds = list(spec.features["structured_output"])
+    return "regex" if "regex" in kinds else kinds[0]
 
 
 def _shape_id(cfg: dict) -> str:
@@ -205,6 +219,7 @@ def _features(spec: Spec, tier: Tier) -> list[Case]:
         suffix = f"-d{draft}" if draft else ""
         cases.append(Case("features", "structured", f"features/structured/{kind}-{mode}{suffix}",
                           {"structured": kind, "mode": mode, "draft": draft}))
+    cases += _speculative(spec, tier)
     if f["temperature_sampling"]:
         cases.append(Case("features", "sampling", "features/sampling/temperature", {}))
     for mask in ("top_k", "top_p"):
@@ -213,6 +228,20 @@ def _features(spec: Spec, tier: Tier) -> list[Case]:
     cases.append(Case("features", "seeded", "features/seeded/reproducible", {}))
     cases.append(Case("features", "full_context", f"features/full_context/c{tier.max_context}",
                       {"context": tier.max_context}))
+    return cases
+
+
+def _speculative(spec: Spec, tier: Tier) -> list[Case]:
+    """Gate features_speculative: per draft length K > 0, greedy equality with n-gram drafts on
+    both paths (with the n-gram acceptance length) and the synthetic drafter's acceptance length;
+    at the largest K, the sampled distribution. One waiver case when nothing is speculative."""
+    drafts = sorted(d for d in tier.scope["draft_lengths"] if d > 0)
+    if not drafts or not spec.features["speculative_decoding"]:
+        return [Case("features", "speculative", "features/speculative/none", {"check": "none", "draft": 0})]
+    cases = [Case("features", "speculative", f"features/speculative/{check}-d{k}", {"check": check, "draft": k})
+             for k in drafts for check in ("greedy", "synthetic")]
+    k = drafts[-1]
+    cases.append(Case("features", "speculative", f"features/speculative/sampled-d{k}", {"check": "sampled", "draft": k}))
     return cases
 
 

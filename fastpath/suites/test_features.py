@@ -47,6 +47,7 @@ import numpy as np
 import pytest
 
 from fastpath import parity_rules as rules
+from fastpath import speculative_checks as SC
 from fastpath import stats, suite_helpers, trace
 from fastpath.engine import GenerationRequest
 
@@ -159,7 +160,7 @@ def test_structured_output(case, fp_engine, fp_models, fp_gate, record):
     rows = structured_batch(kind, temp, fast.tokenizer)
     reqs = [r for _, r in rows]
     with trace.recording() as rec:
-        out_fast = fast.generate(reqs)
+        out_fast = SC.generate(fast, reqs, SC.ngram(draft)) if draft else fast.generate(reqs)
     checks = [_row_valid(k, req, r) for (k, req), r in zip(rows, out_fast)]
     n_ok = sum(ok for ok, _ in checks)
     rate = n_ok / len(reqs)
@@ -189,8 +190,10 @@ def test_structured_output(case, fp_engine, fp_models, fp_gate, record):
            evidence={"trace": summary},
            message="" if ok else f"fast path not engaged during constrained generation: {missing or ['sampler']}",
            **base)
+    if draft:
+        _record_drafts_verified("features_structured_output", record, out_fast, rec, draft, base)
     if mode == "greedy":
-        out_std = std.generate(reqs)
+        out_std = SC.generate(std, reqs, SC.ngram(draft)) if draft else std.generate(reqs)
         rows_cmp = [_greedy_row(std, fp_models["oracle"], req.prompt_ids, list(a.token_ids), list(b.token_ids))
                     for req, a, b in zip(reqs, out_fast, out_std)]
         frac = sum(r["identical"] for r in rows_cmp) / len(rows_cmp)
@@ -204,6 +207,18 @@ def test_structured_output(case, fp_engine, fp_models, fp_gate, record):
                message="" if not bad else "greedy outputs differ between standard and fast beyond a near-tie in rows "
                + ", ".join(f"{i} (at token {rows_cmp[i]['position']}: oracle margin {rows_cmp[i]['oracle_margin']:.3g} > "
                            f"tolerance {rows_cmp[i]['tolerance']:.3g})" for i in bad), **base)
+
+
+def _record_drafts_verified(gate: str, record, results, rec, k: int, base: dict) -> None:
+    """A case that claims draft length k must have drafted, and (fast path) run the verify kernels."""
+    t = SC.totals(results)
+    launches = SC.verify_steps_engaged(rec, k)
+    ok = t["drafted"] > 0 and t["rows_without_statistics"] == 0 and launches > 0
+    record(gate, "drafts_verified", t["drafted"], threshold=1, comparator=">=", passed=ok,
+           detail={**t, "verify_launches_at_k_plus_1": launches},
+           message="" if ok else ("no draft was proposed and verified: the case did not speculate"
+                                  if t["drafted"] == 0 or t["rows_without_statistics"] else
+                                  f"the fast verify kernels never ran at {k + 1} tokens per sequence"), **base)
 
 
 def _greedy_row(std, orc, prompt: list[int], fast_ids: list[int], std_ids: list[int]) -> dict:
@@ -465,3 +480,105 @@ def test_full_context(case, fp_engine, fp_models, fp_gate, record):
            detail=H.jsonable({**kl, "kl_floor": kl["floor"], "positions": n_pos}),
            message="" if kl["passed"] else
            f"KL(standard||fast) {kl['value']:.3g} > {kl['threshold']:.3g} at full context", **base)
+
+
+# -- speculative decoding (gate features_speculative) ----------------------------------------------
+# Sized for the smoke tier's interpreter: one prompt, a few tokens (a verify step of K + 1 rows
+# costs about a decode step of that many rows, ~1.5 s per row-step); the full tier uses the
+# trained model's held-out eval documents, a batch of 8 and longer generations.
+# max_tokens per path: the standard path is cheap on CPU, and a rollback that keeps a rejected
+# token's state shows only tokens later (24 catch it in tests/test_features_speculative.py).
+SPEC_SIZES = {"smoke": {"batch": 1, "max_tokens": {"standard": 24, "fast": 6}, "synthetic_steps": 2, "draws": 256},
+              "full": {"batch": 8, "max_tokens": {"standard": 64, "fast": 64}, "synthetic_steps": 16, "draws": 4000}}
+SPEC_TEMPERATURE = 0.8
+SYNTHETIC_ACCEPTANCE = 0.5  # the synthetic drafter's acceptance length: this fraction of K + 1
+
+
+def _spec_sizes(fp_tier) -> dict:
+    return SPEC_SIZES["full" if H.tier_name(fp_tier) == "full" else "smoke"]
+
+
+def _spec_greedy(k, sizes, fp_models, fp_tier, record):
+    """Per path: greedy token ids identical with and without n-gram drafts, drafts verified
+    (fast path: the verify kernels at K + 1 tokens); the n-gram acceptance length reported."""
+    prompts = SC.prompts(fp_models["standard"], H.tier_name(fp_tier), sizes["batch"])
+    for path in ("standard", "fast"):
+        n = sizes["max_tokens"][path]
+        reqs = [GenerationRequest(prompt_ids=p, max_tokens=n, ignore_eos=True) for p in prompts]
+        res = SC.greedy_compare(fp_models[path], reqs, k)
+        t = res["stats"]
+        why = SC.greedy_failure(res, k, fast_path=path == "fast")
+        base = {"batch": len(reqs), "draft": k, "path": path}
+        record("features_speculative", "greedy_identical_rows", res["identical_rows"] / res["rows"], threshold=1.0,
+               comparator=">=", passed=not why, detail={**t, "verify_launches_at_k_plus_1": res["verify_launches"],
+                                                   "method": "ngram", "max_tokens": n},
+               evidence={"plain": res["plain"], "speculative": res["speculative"]}, message=why, **base)
+        record("features_speculative", "ngram_mean_acceptance_length", t["mean_acceptance_length"], status="info",
+               detail={**t, "method": "ngram", "prompts": "eval documents" if H.tier_name(fp_tier) == "full"
+                       else f"{SC.SMOKE_TEXT!r} + the model's own greedy continuation"}, **base)
+
+
+def _spec_synthetic(k, sizes, fp_models, fp_tier, record):
+    """The synthetic drafter's acceptance length on the fast path, measured (labelled synthetic)."""
+    fast = fp_models["fast"]
+    target = max(1.0, SYNTHETIC_ACCEPTANCE * (k + 1))
+    steps = sizes["synthetic_steps"]
+    reqs = [GenerationRequest(prompt_ids=p, max_tokens=1 + int(target * steps), ignore_eos=True)
+            for p in SC.prompts(fp_models["standard"], H.tier_name(fp_tier), sizes["batch"])]
+    cfg = {"method": "synthetic", "num_speculative_tokens": k, "acceptance_length": target}
+    with trace.recording() as rec:
+        out = SC.generate(fast, reqs, cfg)
+    t = SC.totals(out)
+    launches = SC.verify_steps_engaged(rec, k)
+    base = {"batch": len(reqs), "draft": k, "path": "fast"}
+    _record_drafts_verified("features_speculative", record, out, rec, k, base)
+    record("features_speculative", "synthetic_mean_acceptance_length", t["mean_acceptance_length"], status="info",
+           detail={**t, "method": "synthetic", "synthetic": True, "acceptance_length_set": target,
+                   "verify_launches_at_k_plus_1": launches}, **base)
+
+
+def _spec_sampled(k, sizes, fp_engine, fp_models, fp_gate, record):
+    """Second tokens sampled at temperature > 0 with drafts (the rejection sampler judged them) keep normal decoding's distribution: pooled G-test against softmax(logits / T) of the
+    same path's teacher-forced logits, at alpha. On CPU the standard path draws them: a verify
+    step takes seconds in Triton's interpreter, and the acceptance rule is the same code on both
+    paths (optimized_model/k3/generate.py); the fast path's logits are the greedy rows' to check."""
+    alpha = float(fp_gate("features_speculative").get("alpha", 0.001))
+    path = "fast" if H.device_kind(fp_engine) == "cuda" else "standard"
+    model = fp_models[path]
+    tok = model.tokenizer
+    prompt = SC.prompts(model, "smoke", 1)[0]
+    draws = sizes["draws"]
+    batch = min(draws, 64 // (k + 1))  # B x (K + 1) verify rows within the fast path's 64
+    # the synthetic drafter at full acceptance drafts the target's greedy continuation at every
+    # step (an n-gram match after a random first token is rare): the rejection rule always judges
+    drafter = {"method": "synthetic", "num_speculative_tokens": k, "acceptance_length": k + 1}
+    pairs, t = SC.sampled_second_tokens(model, prompt, draws=draws, batch=batch, temperature=SPEC_TEMPERATURE,
+                                        speculative=drafter, seed0=5_000_000)
+    # the path's own decode logits (teacher-forced), as the sampling case: what its sampler draws from
+    res = SC.distribution_test(model, prompt, pairs, SPEC_TEMPERATURE, getattr(tok, "n_real_tokens", None),
+                               score=lambda seqs: H.score_teacher_forced(model, seqs, None, batch))
+    verified = t["drafted"] > 0 and t["rows_without_statistics"] == 0
+    ok = verified and len(pairs) >= 0.9 * draws and res.passed(alpha)
+    why = ("no draft was proposed and verified: speculation never ran" if not verified else
+           f"only {len(pairs)} second tokens of {draws}" if len(pairs) < 0.9 * draws else
+           f"tokens sampled with drafts differ from softmax(logits / {SPEC_TEMPERATURE}): G={res.statistic:.1f} "
+           f"df={res.df} p={res.p_value:.3g} < alpha={alpha}" if not ok else "")
+    record("features_speculative", "sampled_g_test_p_value", res.p_value, threshold=alpha, comparator=">=",
+           passed=ok, batch=batch, draft=k, path=path,
+           detail={**t, "draws": len(pairs), "temperature": SPEC_TEMPERATURE, "alpha": alpha, "method": "synthetic",
+                   "synthetic": True, "token": "second (the first verify step's)"},
+           evidence=H.jsonable(res.as_dict()), message=why)
+
+
+@pytest.mark.fastpath(kind="speculative", gate="features_speculative")
+def test_speculative(case, fp_engine, fp_tier, fp_models, fp_gate, record):
+    cfg = H.case_config(case)
+    k, sizes = int(cfg["draft"]), _spec_sizes(fp_tier)
+    if cfg["check"] == "greedy":
+        _spec_greedy(k, sizes, fp_models, fp_tier, record)
+    elif cfg["check"] == "synthetic":
+        _spec_synthetic(k, sizes, fp_models, fp_tier, record)
+    elif cfg["check"] == "sampled":
+        _spec_sampled(k, sizes, fp_engine, fp_models, fp_gate, record)
+    else:
+        raise ValueError(f"speculative check {cfg['check']!r}: the plan makes greedy, synthetic or sampled")
