@@ -234,7 +234,10 @@ def _features(spec: Spec, tier: Tier) -> list[Case]:
 def _speculative(spec: Spec, tier: Tier) -> list[Case]:
     """Gate features_speculative: per draft length K > 0, greedy equality with n-gram drafts on
     both paths (with the n-gram acceptance length) and the synthetic drafter's acceptance length;
-    at the largest K, the sampled distribution. One waiver case when nothing is speculative."""
+    at the largest K, the sampled distribution. One waiver case when nothing is speculative; none
+    where the spec does not declare the gate (its plan, and the bundles made of it, stay as they were)."""
+    if "features_speculative" not in spec.gates.settings:
+        return []
     drafts = sorted(d for d in tier.scope["draft_lengths"] if d > 0)
     if not drafts or not spec.features["speculative_decoding"]:
         return [Case("features", "speculative", "features/speculative/none", {"check": "none", "draft": 0})]

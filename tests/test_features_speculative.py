@@ -12,6 +12,7 @@ from fastpath import speculative_checks as SC
 from fastpath.engine import GenerationRequest
 from fastpath.plan import build_plan
 from fastpath.spec import load_spec
+from spec_drafts import with_drafts
 from optimized_model.k3 import generate as k3_generate
 from optimized_model.k3.drafters import NgramDrafter
 from optimized_model.k3.engine import EmbeddedEngine
@@ -40,16 +41,11 @@ def _greedy_requests(std, n=2, max_tokens=6):
 
 # -- the plan ---------------------------------------------------------------------------------------
 def _spec_with(tmp_path, speculative: bool, smoke_drafts: str = "[0, 3]"):
-    text = open(SPEC).read()
-    text = text.replace("speculative_decoding = false", f"speculative_decoding = {str(speculative).lower()}")
+    text = with_drafts(open(SPEC).read())
     text = text.replace("speculative_decoding = true", f"speculative_decoding = {str(speculative).lower()}")
-    scope = text[text.index("[scope]"):text.index("[features]")]
-    line = next(x for x in scope.splitlines() if x.startswith("draft_lengths"))
-    text = text.replace(line, "draft_lengths = [0, 3, 7]", 1)
-    smoke = text[text.index("[tiers.smoke]"):text.index("[tiers.full]")]
-    new = "\n".join(x for x in smoke.splitlines() if not x.startswith("draft_lengths"))
-    new = new.replace("max_context = 64", f"draft_lengths = {smoke_drafts}\nmax_context = 64")
-    text = text.replace(smoke, new + "\n")
+    old = "context_lengths = [16, 64]\ndraft_lengths = [0, 3]\n"
+    assert old in text
+    text = text.replace(old, f"context_lengths = [16, 64]\ndraft_lengths = {smoke_drafts}\n")
     p = tmp_path / "fastpath.toml"
     p.write_text(text)
     # the spec's relative globs resolve against its directory: keep it next to the original
