@@ -64,6 +64,23 @@ def test_shards_split_the_suites_cases_between_them(tmp_path):
     assert code == 4  # a usage error: I must be below N
 
 
+def test_a_kind_the_plan_has_no_case_of_is_not_an_item(tmp_path):
+    """A suite test of a kind the plan never makes (a spec without that gate) is parametrized with
+    an empty set: it is deselected, not an internal error, in one process and in shards alike."""
+    body = """
+        @pytest.mark.fastpath(kind="decode", gate="coverage_fast_path_fired")
+        def test_decode(case, record):
+            record("coverage_fast_path_fired", "ran", 1, threshold=1, comparator=">=")
+
+        @pytest.mark.fastpath(kind="no_such_kind", gate="coverage_fast_path_fired")
+        def test_never_planned(case, record):
+            raise AssertionError("no case of this kind exists")
+    """
+    for extra in ((), ("--fastpath-shard", "0/2"), ("--fastpath-shard", "1/2")):
+        code, rows = run_suite(tmp_path / "-".join(extra or ("one",)).replace("/", "of"), body, "coverage", *extra)
+        assert code == 0 and all(r["case_id"].startswith("coverage/decode/") for r in rows), (extra, rows)
+
+
 def test_exception_becomes_error_row_with_traceback_tail(tmp_path):
     code, rows = run_suite(tmp_path, """
         @pytest.mark.fastpath(kind="fallback", gate="coverage_clean_fallback")
