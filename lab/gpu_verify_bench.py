@@ -1,0 +1,53 @@
+"""First look at verify steps on the H200: the step time of ``decode_step(batch, context, draft)``
+on the fast path and the eager standard path (both CUDA-graph replays where the path captures),
+with the bytes the step must move (``step_traffic``) and the MBU against the copy bandwidth
+measured in the same run. Not the perf suite (no A/B rounds, no CI): a quick figure per shape.
+
+    python3 -m lab.gpu_verify_bench --shapes 1x0,1x3,1x7,8x3,8x7,16x3 --context 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from fastpath.engine import create_engine
+from fastpath.measure import copy_bandwidth, time_calls
+
+
+def step_ms(step, replays: int, rounds: int, device: str) -> float:
+    for _ in range(3):
+        step()
+    return 1e3 * statistics.median(time_calls(step, replays, device) for _ in range(rounds))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="1x0,1x3,1x7,8x3,8x7,16x3", help="BATCHxDRAFT, comma list")
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--config", default="mini")
+    ap.add_argument("--device", default="cuda", help="cpu: a check of the script on the tiny config")
+    a = ap.parse_args()
+    t0 = time.monotonic()
+    dtype = "bfloat16" if a.device == "cuda" else "float32"
+    engine = create_engine("embedded", config=a.config, device=a.device, dtype=dtype)
+    models = {"fast": engine.load("fast", additional_config={"decode_backend": "latency_specialized"}),
+              "standard_eager": engine.load("standard_eager")}
+    bw = copy_bandwidth(a.device)
+    print(f"copy bandwidth {bw / 1e12:.3f} TB/s; set-up {time.monotonic() - t0:.0f} s", flush=True)
+    print("| batch | draft | rows | eager std ms | fast ms | fast / std | bytes/step (GB) | fast MBU |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for shape in a.shapes.split(","):
+        b, d = (int(x) for x in shape.split("x"))
+        ms = {p: step_ms(m.decode_step(b, a.context, d), a.replays, a.rounds, a.device) for p, m in models.items()}
+        traffic = models["standard_eager"].step_traffic(b, a.context, d)["total"]
+        mbu = traffic / (ms["fast"] / 1e3) / bw
+        print(f"| {b} | {d} | {b * (d + 1)} | {ms['standard_eager']:.3f} | {ms['fast']:.3f} | "
+              f"{ms['standard_eager'] / ms['fast']:.2f}x | {traffic / 1e9:.3f} | {100 * mbu:.1f} % |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
