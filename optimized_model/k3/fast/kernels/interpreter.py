@@ -75,6 +75,11 @@ def enable() -> str:
                 patch_attr(pkg, name, member, builder, scope)
 
     patch_builtin.__wrapped__ = original  # type: ignore[attr-defined]
+    # the names are found now, outside any launch: inside one, the launch's own replacements (e.g.
+    # of associative_scan) are neither builtins nor wrappers, and a first scan there missed them
+    for module in (tl, getattr(tl, "core", None), getattr(tl, "math", None), getattr(tl, "tensor", None)):
+        if module is not None:
+            _candidates(module, is_builtin)
     interp._patch_builtin = patch_builtin
     builder = getattr(interp, "interpreter_builder", None)
     options = getattr(builder, "options", None)
