@@ -19,3 +19,25 @@ def load_suite(name: str, alias: str | None = None):
         warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
         spec.loader.exec_module(mod)
     return mod
+
+
+def profiler_case_rows(coverage, engine, model, monkeypatch, case: dict, production_tokens: int) -> list[dict]:
+    """The coverage suite's GPU-only profiler case driven on CPU: the Triton interpreter's launches
+    stand in for torch.profiler's kernel names (a test of the case's bookkeeping). Its rows."""
+    from fastpath import launches
+
+    def interpreted(run):
+        with launches.recording() as rec:
+            run()
+        return rec.names
+
+    monkeypatch.setattr(coverage, "_profile_kernels", interpreted)
+    monkeypatch.setattr(coverage.H, "device_kind", lambda e: "cuda")
+    monkeypatch.setattr(coverage, "PRODUCTION_TOKENS", production_tokens)
+    rows: list[dict] = []
+
+    def record(gate, metric, value, **kw):
+        rows.append({"gate": gate, "metric": metric, "value": value, **kw})
+
+    coverage.test_profiler_kernels(case, engine, {"fast": model}, record, waive=None)
+    return rows

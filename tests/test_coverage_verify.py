@@ -17,7 +17,7 @@ from fastpath.plan import build_plan  # noqa: E402
 from fastpath.spec import load_spec  # noqa: E402
 
 from spec_drafts import draft_spec  # noqa: E402
-from suite_modules import load_suite  # noqa: E402
+from suite_modules import load_suite, profiler_case_rows  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = REPO / "optimized_model" / "k3" / "fastpath.toml"
@@ -160,24 +160,8 @@ def test_dispatch_reads_the_verify_row_limit_from_the_spec(tmp_path, monkeypatch
 
 
 def _profiler_rows_at_draft_3(engine, model, monkeypatch):
-    from fastpath import launches
-
-    def interpreted(run):
-        with launches.recording() as rec:
-            run()
-        return rec.names
-
-    monkeypatch.setattr(coverage, "_profile_kernels", interpreted)
-    monkeypatch.setattr(coverage.H, "device_kind", lambda e: "cuda")
-    monkeypatch.setattr(coverage, "PRODUCTION_TOKENS", 2)
-    rows = []
-
-    def record(gate, metric, value, **kw):
-        rows.append({"gate": gate, "metric": metric, "value": value, **kw})
-
     case = {"case_id": "coverage/profiler/b1-c16-d3", "config": {"batch": 1, "context": 16, "draft": 3, "tp": 1}}
-    coverage.test_profiler_kernels(case, engine, {"fast": model}, record, waive=None)
-    return rows
+    return profiler_case_rows(coverage, engine, model, monkeypatch, case, production_tokens=2)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 
 from fastpath import launches, trace
 
-from suite_modules import load_suite
+from suite_modules import load_suite, profiler_case_rows
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -137,22 +137,8 @@ def test_profiler_case_logic_with_the_interpreter_standing_in_for_the_profiler(f
     """The GPU-only profiler case, driven on CPU: the interpreter's launches stand in for
     torch.profiler's kernel names (a test of the case's bookkeeping, never a result row)."""
     engine, model = fast_tiny
-
-    def interpreted(run):
-        with launches.recording() as rec:
-            run()
-        return rec.names
-
-    monkeypatch.setattr(coverage, "_profile_kernels", interpreted)
-    monkeypatch.setattr(coverage.H, "device_kind", lambda e: "cuda")
-    monkeypatch.setattr(coverage, "PRODUCTION_TOKENS", 3)
-    rows = []
-
-    def record(gate, metric, value, **kw):
-        rows.append({"gate": gate, "metric": metric, "value": value, **kw})
-
     case = {"case_id": "coverage/profiler/b2-c16-d0", "config": {"batch": 2, "context": 16, "draft": 0, "tp": 1}}
-    coverage.test_profiler_kernels(case, engine, {"fast": model}, record, waive=None)
+    rows = profiler_case_rows(coverage, engine, model, monkeypatch, case, production_tokens=3)
     by_metric = Counter(r["metric"] for r in rows)
     n = len(engine.components())
     assert by_metric == {"production_fast_kernels": n, "fast_kernels_present": n, "decode_step_matches_production": 1}
