@@ -1,5 +1,6 @@
 """First look at verify steps on the H200: the step time of ``decode_step(batch, context, draft)``
-on the fast path and the eager standard path (both CUDA-graph replays where the path captures),
+on the fast path, the compiled and the eager standard path (CUDA-graph replays where the path
+captures; the compile time is printed),
 with the bytes the step must move (``step_traffic``) and the MBU against the copy bandwidth
 measured in the same run. Not the perf suite (no A/B rounds, no CI): a quick figure per shape.
 
@@ -30,23 +31,34 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--config", default="mini")
     ap.add_argument("--device", default="cuda", help="cpu: a check of the script on the tiny config")
+    ap.add_argument("--compile", default="default", help="the compiled standard step's mode (off: none)")
     a = ap.parse_args()
     t0 = time.monotonic()
     dtype = "bfloat16" if a.device == "cuda" else "float32"
-    engine = create_engine("embedded", config=a.config, device=a.device, dtype=dtype)
+    engine = create_engine("embedded", config=a.config, device=a.device, dtype=dtype, standard_compile=a.compile)
     models = {"fast": engine.load("fast", additional_config={"decode_backend": "latency_specialized"}),
               "standard_eager": engine.load("standard_eager")}
+    if a.compile != "off":
+        models["standard"] = engine.load("standard")
     bw = copy_bandwidth(a.device)
     print(f"copy bandwidth {bw / 1e12:.3f} TB/s; set-up {time.monotonic() - t0:.0f} s", flush=True)
-    print("| batch | draft | rows | eager std ms | fast ms | fast / std | bytes/step (GB) | fast MBU |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| batch | draft | rows | compiled std ms (build s) | eager std ms | fast ms | fast / best std | "
+          "bytes/step (GB) | fast MBU |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for shape in a.shapes.split(","):
         b, d = (int(x) for x in shape.split("x"))
-        ms = {p: step_ms(m.decode_step(b, a.context, d), a.replays, a.rounds, a.device) for p, m in models.items()}
+        ms, built = {}, {}
+        for p, m in models.items():
+            t = time.monotonic()
+            step = m.decode_step(b, a.context, d)
+            built[p] = time.monotonic() - t
+            ms[p] = step_ms(step, a.replays, a.rounds, a.device)
         traffic = models["standard_eager"].step_traffic(b, a.context, d)["total"]
         mbu = traffic / (ms["fast"] / 1e3) / bw
-        print(f"| {b} | {d} | {b * (d + 1)} | {ms['standard_eager']:.3f} | {ms['fast']:.3f} | "
-              f"{ms['standard_eager'] / ms['fast']:.2f}x | {traffic / 1e9:.3f} | {100 * mbu:.1f} % |", flush=True)
+        best = min(v for p, v in ms.items() if p != "fast")
+        compiled = f"{ms['standard']:.3f} ({built['standard']:.0f})" if "standard" in ms else "-"
+        print(f"| {b} | {d} | {b * (d + 1)} | {compiled} | {ms['standard_eager']:.3f} | {ms['fast']:.3f} | "
+              f"{best / ms['fast']:.2f}x | {traffic / 1e9:.3f} | {100 * mbu:.1f} % |", flush=True)
 
 
 if __name__ == "__main__":

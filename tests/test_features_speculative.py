@@ -12,7 +12,6 @@ from fastpath import speculative_checks as SC
 from fastpath.engine import GenerationRequest
 from fastpath.plan import build_plan
 from fastpath.spec import load_spec
-from spec_drafts import with_drafts
 from optimized_model.k3 import generate as k3_generate
 from optimized_model.k3.drafters import NgramDrafter
 from optimized_model.k3.engine import EmbeddedEngine
@@ -41,7 +40,7 @@ def _greedy_requests(std, n=2, max_tokens=6):
 
 # -- the plan ---------------------------------------------------------------------------------------
 def _spec_with(tmp_path, speculative: bool, smoke_drafts: str = "[0, 3]"):
-    text = with_drafts(open(SPEC).read())
+    text = open(SPEC).read()
     text = text.replace("speculative_decoding = true", f"speculative_decoding = {str(speculative).lower()}")
     old = "context_lengths = [16, 64]\ndraft_lengths = [0, 3]\n"
     assert old in text
@@ -182,3 +181,14 @@ def test_g_test_keeps_an_honest_rejection_sampler(std):
 def test_g_test_rejects_a_biased_sampler(std, monkeypatch):
     monkeypatch.setattr(k3_generate, "accept", _accepts_every_sampled_draft)
     assert _sampled_p_value(std) < 0.001
+
+
+def test_greedy_check_excuses_only_rows_judged_near_ties():
+    """A row parted at a near-tie (the suite's ``_greedy_row`` judges it) passes; any other
+    differing row still fails, and the message names it."""
+    res = {"stats": {"drafted": 4, "rows_without_statistics": 0}, "verify_launches": 1, "rows": 2,
+           "identical_rows": 0, "plain": [[1, 2, 3], [4, 5, 6]], "speculative": [[1, 9, 9], [4, 5, 7]],
+           "first_difference": [1, 2]}
+    assert "2 of 2 rows differ" in SC.greedy_failure(dict(res, near_ties=[]), K, fast_path=True)
+    assert "rows [1]" in SC.greedy_failure(dict(res, near_ties=[0]), K, fast_path=True)
+    assert SC.greedy_failure(dict(res, near_ties=[0, 1]), K, fast_path=True) == ""

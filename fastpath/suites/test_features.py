@@ -34,6 +34,11 @@ full_context  (features_full_context) a request at the tier's largest context co
               fast path (trace), with finite logits, and parity (top-1, KL) within the floor
               on the positions scored by teacher-forced decode steps, by the parity gates' rules
               (fastpath/parity_rules.py).
+speculative   (features_speculative) per draft length, on both paths: greedy ids with n-gram
+              drafts equal those without, row by row, or parted at a near-tie (``_greedy_row``
+              again: a verify step of K + 1 rows sums in another order than a decode step);
+              drafts verified, the fast verify kernels at K + 1 tokens; sampled second tokens
+              keep normal decoding's distribution (G-test); acceptance lengths reported.
 """
 
 from __future__ import annotations
@@ -67,6 +72,8 @@ STRUCT_TEMPERATURE = 0.9
 SAMPLING_TEMPERATURE = 0.6
 N_SAMPLING_PROMPTS = 4
 MASK_NOISE_FACTOR = 4.0  # boundary tolerance: this many times the standard-vs-oracle difference
+NEAR_TIE_RULE = ("identical, or at the first divergent token the fp32 oracle's margin for the reference row's "
+                 f"token is within {MASK_NOISE_FACTOR} x max |standard - oracle| logit there (a tie bf16 noise can flip)")
 
 
 def _tier_max_batch(fp_tier) -> int:
@@ -200,9 +207,7 @@ def test_structured_output(case, fp_engine, fp_models, fp_gate, record):
         bad = [i for i, r in enumerate(rows_cmp) if not r["identical"] and not r["near_tie"]]
         record("features_structured_output", "greedy_identical", frac, threshold=1.0, comparator=">=",
                passed=not bad, detail={"structured": kind, "mode": mode, "rows": H.jsonable(rows_cmp),
-                                       "rule": "identical, or at the first divergent token the fp32 oracle's margin "
-                                               f"for the standard path's token is within {MASK_NOISE_FACTOR} x "
-                                               "max |standard - oracle| logit there (a tie bf16 noise can flip)"},
+                                       "rule": NEAR_TIE_RULE},
                evidence={"fast": [r.text[:200] for r in out_fast], "standard": [r.text[:200] for r in out_std]},
                message="" if not bad else "greedy outputs differ between standard and fast beyond a near-tie in rows "
                + ", ".join(f"{i} (at token {rows_cmp[i]['position']}: oracle margin {rows_cmp[i]['oracle_margin']:.3g} > "
@@ -223,9 +228,10 @@ def _record_drafts_verified(gate: str, record, results, rec, k: int, base: dict)
 
 def _greedy_row(std, orc, prompt: list[int], fast_ids: list[int], std_ids: list[int]) -> dict:
     """Whether two greedy rows agree, and where they do not, whether their first divergent token
-    is a near-tie: the oracle's logit margin of the standard path's token over the fast path's
-    no larger than the standard path's own logit error there (times MASK_NOISE_FACTOR). A wrong
-    mask or a broken kernel picks a token the oracle ranks clearly lower."""
+    is a near-tie: the oracle's logit margin of the reference row's token (``std_ids``: the
+    standard path's, or decoding without drafts) over the tested row's (``fast_ids``) no larger
+    than the standard path's own logit error there (times MASK_NOISE_FACTOR). A wrong mask, a
+    broken kernel or a bad rollback picks a token the oracle ranks clearly lower."""
     if fast_ids == std_ids:
         return {"identical": True, "near_tie": True}
     j = next((i for i, (x, y) in enumerate(zip(fast_ids, std_ids)) if x != y), min(len(fast_ids), len(std_ids)))
@@ -506,12 +512,17 @@ def _spec_greedy(k, sizes, fp_models, fp_tier, record):
         n = sizes["max_tokens"][path]
         reqs = [GenerationRequest(prompt_ids=p, max_tokens=n, ignore_eos=True) for p in prompts]
         res = SC.greedy_compare(fp_models[path], reqs, k)
+        judged = {i: _greedy_row(fp_models["standard"], fp_models["oracle"], prompts[i], res["speculative"][i],
+                                 res["plain"][i])
+                  for i in range(res["rows"]) if res["plain"][i] != res["speculative"][i]}
+        res["near_ties"] = [i for i, r in judged.items() if r["near_tie"]]
         t = res["stats"]
         why = SC.greedy_failure(res, k, fast_path=path == "fast")
         base = {"batch": len(reqs), "draft": k, "path": path}
         record("features_speculative", "greedy_identical_rows", res["identical_rows"] / res["rows"], threshold=1.0,
                comparator=">=", passed=not why, detail={**t, "verify_launches_at_k_plus_1": res["verify_launches"],
-                                                   "method": "ngram", "max_tokens": n},
+                                                   "method": "ngram", "max_tokens": n,
+                                                   "differing_rows": H.jsonable(judged), "rule": NEAR_TIE_RULE},
                evidence={"plain": res["plain"], "speculative": res["speculative"]}, message=why, **base)
         record("features_speculative", "ngram_mean_acceptance_length", t["mean_acceptance_length"], status="info",
                detail={**t, "method": "ngram", "prompts": "eval documents" if H.tier_name(fp_tier) == "full"

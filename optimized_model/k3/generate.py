@@ -181,6 +181,7 @@ def _speculate(runner: Any, tokenizer: Any, rows: list[_Row], state: Any, spec: 
     from .drafters import make_drafter
 
     drafter = make_drafter(spec)
+    sampler = getattr(runner, "sampler", None) or Sampler(n_valid=n_valid)
     eos = int(tokenizer.eos_id)
     prompts = [list(map(int, row.req.prompt_ids)) for row in rows]
     for row in rows:
@@ -192,14 +193,17 @@ def _speculate(runner: Any, tokenizer: Any, rows: list[_Row], state: Any, spec: 
         feed = [[eos] * T if row.done else [row.tokens[-1], *d, *[eos] * (T - 1 - len(d))]
                 for row, d in zip(rows, drafts)]
         logits, trail = runner.verify(torch.tensor(feed, dtype=torch.long), state)
+        masks = [None if row.done or structured is None else structured.window_bitmasks(b, d)
+                 for b, (row, d) in enumerate(zip(rows, drafts))]
+        targets = _greedy_targets(sampler, logits, rows, drafts, params, masks)
         logits = logits.float().cpu()
         keep = [1] * len(rows)
         for b, row in enumerate(rows):
             if row.done:
                 continue
             d = drafts[b]
-            mask = structured.window_bitmasks(b, d) if structured is not None else None
-            toks, lps, n_acc = accept(logits[b, : len(d) + 1], d, params[b], gens[b], mask, n_valid=n_valid)
+            toks, lps, n_acc = accept(logits[b, : len(d) + 1], d, params[b], gens[b], masks[b], n_valid=n_valid,
+                                      targets=targets.get(b))
             row.spec.steps += 1
             row.spec.drafted += len(d)
             row.spec.accepted += n_acc
@@ -210,6 +214,29 @@ def _speculate(runner: Any, tokenizer: Any, rows: list[_Row], state: Any, spec: 
             keep[b] = 1 if row.done else len(toks)
         runner.commit(state, trail, keep)
     return [_result(row, tokenizer) for row in rows]
+
+
+def _greedy_targets(sampler: Any, logits: torch.Tensor, rows: list[_Row], drafts: list[list[int]],
+                    params: list[SamplingParams], masks: list) -> dict[int, tuple[list[int], list[float]]]:
+    """Greedy rows' target tokens and logprobs at each position of their verify window, drawn by
+    the path's own sampler in one call over every such position (the fast path's fused kernel,
+    as in a decode step), with the grammar's window masks; ``accept`` judges drafts by them."""
+    spans = [(b, len(drafts[b]) + 1) for b, row in enumerate(rows) if not row.done and params[b].greedy]
+    if not spans:
+        return {}
+    flat = torch.cat([logits[b, :n] for b, n in spans]).float()
+    bitmask = None
+    if any(masks[b] is not None for b, _ in spans):
+        words = next(masks[b].shape[-1] for b, _ in spans if masks[b] is not None)
+        bitmask = torch.cat([masks[b] if masks[b] is not None else torch.full((n, words), -1, dtype=torch.int32)
+                             for b, n in spans]).to(flat.device)
+    toks, lps = sampler.sample(flat, [params[b] for b, n in spans for _ in range(n)], None, bitmask)
+    toks_l, lps_l = toks.tolist(), lps.float().tolist()
+    out, at = {}, 0
+    for b, n in spans:
+        out[b] = (toks_l[at: at + n], lps_l[at: at + n])
+        at += n
+    return out
 
 
 def _result(row: _Row, tokenizer: Any) -> GenerationResult:

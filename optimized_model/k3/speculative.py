@@ -126,20 +126,26 @@ def _draw(r: torch.Tensor, gen: torch.Generator) -> int:
 
 def accept(logits: torch.Tensor, drafts: list[int], params: SamplingParams, gen: torch.Generator | None,
            bitmask: torch.Tensor | None = None, *, n_valid: int | None = None,
-           draft_probs: torch.Tensor | None = None) -> tuple[list[int], list[float], int]:
+           draft_probs: torch.Tensor | None = None,
+           targets: tuple[list[int], list[float]] | None = None) -> tuple[list[int], list[float], int]:
     """One sequence's verdict on its drafts. ``logits [T, V]`` fp32 from the verify step
     (T > len(drafts)); ``bitmask [T, words]`` the grammar mask at each position (or None);
-    ``draft_probs [len(drafts), V]`` the drafter's q (None: one-hot, a deterministic drafter).
+    ``draft_probs [len(drafts), V]`` the drafter's q (None: one-hot, a deterministic drafter);
+    ``targets``: a greedy row's argmax tokens and their logprobs at positions 0..len(drafts), as
+    the path's sampler drew them (None: computed here from ``logits``).
     Returns (emitted tokens = accepted drafts + one more, their logprobs, accepted count)."""
     n = len(drafts)
     if params.greedy:
-        x = apply_bitmask(logits.float(), bitmask, n_valid)
-        best = torch.argmax(x, dim=-1).tolist()
+        if targets is None:
+            x = apply_bitmask(logits.float(), bitmask, n_valid)
+            best = torch.argmax(x, dim=-1).tolist()
+            lps = torch.log_softmax(x, dim=-1).gather(1, torch.tensor(best)[:, None])[:, 0].tolist()
+        else:
+            best, lps = list(targets[0]), list(targets[1])
         a = 0
         while a < n and drafts[a] == best[a]:
             a += 1
-        lps = torch.log_softmax(x[: a + 1], dim=-1).gather(1, torch.tensor(best[: a + 1])[:, None])[:, 0]
-        return best[: a + 1], lps.tolist(), a
+        return best[: a + 1], lps[: a + 1], a
     if gen is None:
         raise ValueError("sampled rows (temperature > 0) need their generator")
     p = final_probs(logits.float(), [params] * logits.shape[0], bitmask, n_valid=n_valid)
