@@ -38,33 +38,3 @@ def test_one_compile_for_batch_one_and_one_for_every_larger_batch(monkeypatch):
     assert b1 == first, seen  # contexts of batch 1: no recompile
     assert seen[3] == seen[-1], seen  # after the first batch > 1: no recompile
     assert general <= 2 * first, seen
-
-
-def test_compiled_verify_step_traces_and_computes_the_eager_verify(monkeypatch):
-    """The perf baseline at a draft: verify + commit through dynamo (counting backend: the
-    traced graph runs eagerly) equals the eager verify step, logits and state; batch and tokens
-    per sequence are symbolic, so draft lengths and batches do not recompile without bound."""
-    from torch._dynamo.testing import CompileCounter
-
-    counter = CompileCounter()
-    real = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn, mode=None, **kw: real(fn, backend=counter))
-    torch._dynamo.reset()
-    try:
-        model = K3Model.build("tiny", device="cpu", dtype=torch.bfloat16, seed=0)
-        runner = K3Runner(model, use_graphs=False, compile_mode="default")
-        seen = []
-        for batch, draft in ((1, 3), (2, 3), (4, 7), (2, 7), (8, 3)):
-            state, tokens = runner._bench_inputs(batch, 40, seed=1, draft=draft)
-            keep = torch.full((batch,), draft + 1, dtype=torch.long)
-            eager_state = state.clone()
-            got = runner._compiled_verify()(tokens, state, keep)
-            want = runner._verify_and_keep(tokens, eager_state, keep)
-            assert torch.equal(got, want)
-            for a, b in ((state.kda, eager_state.kda), (state.conv, eager_state.conv),
-                         (state.latent, eager_state.latent), (state.lengths, eager_state.lengths)):
-                assert torch.equal(a, b)
-            seen.append(counter.frame_count)
-        assert seen[0] > 0 and seen[-1] == seen[2], seen  # after the first general shape: no recompile
-    finally:
-        torch._dynamo.reset()
