@@ -185,10 +185,12 @@ class K3Model:
         B, H, K = q.shape
         if self.kda_backend == "fla":
             _, fused_recurrent_kda_fwd = self._fla_ops()
+            # contiguous: fla indexes its inputs as dense [B, T, H, K]; a verify step passes
+            # token t of [B, T, ...] tensors, whose batch stride is T times a dense one's
             o, _ = fused_recurrent_kda_fwd(
-                q=q.to(dtype).view(B, 1, H, K), k=k.to(dtype).view(B, 1, H, K),
+                q=q.to(dtype).contiguous().view(B, 1, H, K), k=k.to(dtype).contiguous().view(B, 1, H, K),
                 v=v.to(dtype).contiguous().view(B, 1, H, K),
-                g=g.view(B, 1, H, K), beta=beta.to(dtype).view(B, 1, H), scale=K ** -0.5,
+                g=g.contiguous().view(B, 1, H, K), beta=beta.to(dtype).contiguous().view(B, 1, H), scale=K ** -0.5,
                 initial_state=S, inplace_final_state=True)
             return o.view(B, H, K)
         return kda_step_(q, k, v, g, beta, S, K ** -0.5)

@@ -1,0 +1,68 @@
+"""Diagnosis of two features failures of the full tier with drafts on (perf notes, run V): the
+sampling-distribution case after speculative cases in one process, and the standard path's
+greedy rows with drafts. Runs the features suite's own case functions in this order, on the
+trained model, printing each case's verdict rows:
+
+  1. sampling/temperature on a fresh process;
+  2. speculative sampled-d7 (synthetic drafts, verify steps of 8 x 8 rows on the fast path);
+  3. sampling/temperature again;
+  4. speculative greedy-d3 on both paths (the standard path's fla KDA inputs made contiguous).
+
+    python3 -m lab.gpu_spec_diag
+"""
+
+from __future__ import annotations
+
+import time
+
+from fastpath.engine import create_engine
+from fastpath.pytest_plugin import LazyModels
+from fastpath.spec import load_spec
+from fastpath.suites import test_features as F
+
+SPEC = "optimized_model/k3/fastpath.toml"
+
+
+def main() -> None:
+    spec = load_spec(SPEC)
+    tier = spec.tier("full")
+    opts = tier.engine_options_for("features")
+    engine = create_engine("embedded", **opts)
+    models = LazyModels(lambda: engine, spec.switch)
+
+    def gate(name: str) -> dict:
+        return dict(spec.gates.settings[name])
+
+    def run(label: str, fn, *args) -> None:
+        rows: list[dict] = []
+
+        def record(g, metric, value, **kw):
+            rows.append({"gate": g, "metric": metric, "value": value, **kw})
+            return True
+
+        t = time.monotonic()
+        try:
+            fn(*args, record)
+        except Exception as exc:  # report and go on: each step is evidence on its own
+            print(f"{label}: raised {type(exc).__name__}: {exc}", flush=True)
+        for r in rows:
+            if r.get("status") == "info":
+                continue
+            print(f"{label}: {r['metric']} = {r['value']} passed={r.get('passed')} path={r.get('path')} "
+                  f"{(r.get('message') or '')[:300]}", flush=True)
+        print(f"{label}: {time.monotonic() - t:.0f} s", flush=True)
+
+    sampling = {"case_id": "features/sampling/temperature", "config": {}}
+    sizes = F.SPEC_SIZES["full"]
+
+    def sampling_case(record):
+        F.test_sampling_distribution(sampling, engine, spec, tier, models, gate, record)
+
+    run("1 sampling fresh", sampling_case)
+    run("2 speculative sampled-d7", lambda record: F._spec_sampled(7, sizes, engine, models, gate, record))
+    run("3 sampling after speculation", sampling_case)
+    run("4 speculative greedy-d3", lambda record: F._spec_greedy(3, sizes, models, tier, record))
+
+
+if __name__ == "__main__":
+    main()
