@@ -40,18 +40,26 @@ def _close_states(a, b, atol=1e-5):
 
 
 # -- the verify step ----------------------------------------------------------------------------
-@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.float16, 2e-2)])
-def test_verify_equals_decoding_and_commit_rolls_back_per_row(dtype, atol):
+ON_GPU = pytest.mark.skipif(not torch.cuda.is_available(),
+                            reason="needs a CUDA GPU: the standard path's KDA step runs fla's kernel there")
+
+
+@pytest.mark.parametrize("device,dtype,atol", [
+    ("cpu", torch.float32, 1e-5), ("cpu", torch.float16, 2e-2),
+    # on CUDA the KDA step is fla's kernel, fed token t of [B, T, ...] tensors (it once read
+    # rows b >= 1 at a dense batch stride: every row but the first went wrong)
+    pytest.param("cuda", torch.bfloat16, 5e-2, marks=ON_GPU)])
+def test_verify_equals_decoding_and_commit_rolls_back_per_row(device, dtype, atol):
     """A verify step's logits are those of decoding its tokens one by one, and after commit
     (a different accepted length per row) the KDA states, conv windows, latent cache and
     lengths equal those plain decoding of the accepted tokens leaves."""
-    m = K3Model.build("tiny", dtype=dtype, seed=3)
+    m = K3Model.build("tiny", device=device, dtype=dtype, seed=3)
     gen = torch.Generator().manual_seed(0)
     B, T = 4, 8
-    prompts = torch.randint(0, 265, (B, 12), generator=gen)
+    prompts = torch.randint(0, 265, (B, 12), generator=gen).to(device)
     st = m.new_state(B, 64)
-    m.prefill(prompts, torch.tensor([12, 5, 9, 1]), st)
-    toks = torch.randint(0, 265, (B, T), generator=gen)
+    m.prefill(prompts, torch.tensor([12, 5, 9, 1], device=device), st)
+    toks = torch.randint(0, 265, (B, T), generator=gen).to(device)
     spec = st.clone()
     logits, trail = m.verify(toks, spec)
     plain = st.clone()
@@ -59,7 +67,7 @@ def test_verify_equals_decoding_and_commit_rolls_back_per_row(dtype, atol):
     real = slice(0, m.cfg.n_real_tokens)
     assert torch.allclose(logits[..., real], ref[..., real], atol=atol * 10, rtol=0)
     keep = [1, 8, 3, 5]
-    m.commit(spec, trail, torch.tensor(keep))
+    m.commit(spec, trail, torch.tensor(keep, device=device))
     for b, n in enumerate(keep):
         row = st.select([b])
         for t in range(n):
