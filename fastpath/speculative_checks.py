@@ -16,8 +16,6 @@ import numpy as np
 from fastpath import stats
 from fastpath.engine import GenerationRequest
 
-# The fast path's verify variant in the trace (optimized_model/k3/fast/kernels/kda_verify.py).
-VERIFY_COMPONENT, VERIFY_VARIANT = "kda_decode", "triton_verify"
 # Smoke-tier seed text: a random model's drafts come from its own output repeating, and the
 # tiny config's greedy continuation of this text repeats a trigram 4 tokens after SMOKE_OWN_TOKENS
 # (a changed model that stops repeating fails the check loudly: nothing drafted).
@@ -65,10 +63,20 @@ def totals(results: Sequence[Any]) -> dict:
     return out
 
 
-def verify_steps_engaged(rec: Any, k: int) -> int:
-    """Fast verify kernel launches at K + 1 tokens per sequence in the trace ``rec``."""
-    return sum(1 for e in rec.engaged(VERIFY_COMPONENT)
-               if e.detail.startswith(VERIFY_VARIANT) and dict(e.shape).get("tokens") == k + 1)
+def verify_launches(rec: Any, k: int, components: Sequence[Any] | None = None) -> int:
+    """Engaged events in the trace ``rec`` that prove a verify step at K + 1 tokens per sequence:
+    those of a component's declared ``verify_variants`` (fastpath/engine.py) reporting
+    tokens = K + 1; where no component declares any (or none are given), any engaged event
+    reporting tokens = K + 1. The features and perf suites both count with this."""
+    declared = {c.name: set(c.verify_variants) for c in components or () if getattr(c, "verify_variants", None)}
+
+    def at_k(e: Any) -> bool:
+        return dict(e.shape).get("tokens") == k + 1
+
+    if not declared:
+        return sum(1 for e in rec.engaged() if at_k(e))
+    return sum(1 for name, variants in declared.items() for e in rec.engaged(name)
+               if e.detail in variants and at_k(e))
 
 
 def prompts(model: Any, tier_name: str, n: int, n_tokens: int = 48) -> list[list[int]]:
@@ -85,8 +93,9 @@ def prompts(model: Any, tier_name: str, n: int, n_tokens: int = 48) -> list[list
     return [seed + list(own.token_ids)] * n
 
 
-def greedy_compare(model: Any, reqs: list[GenerationRequest], k: int) -> dict:
-    """Greedy generation with and without n-gram speculation at draft length ``k``."""
+def greedy_compare(model: Any, reqs: list[GenerationRequest], k: int, components: Sequence[Any] | None = None) -> dict:
+    """Greedy generation with and without n-gram speculation at draft length ``k``
+    (``components``: the engine's, for ``verify_launches``)."""
     from fastpath import trace
 
     plain = [list(r.token_ids) for r in model.generate(reqs)]
@@ -97,7 +106,7 @@ def greedy_compare(model: Any, reqs: list[GenerationRequest], k: int) -> dict:
             "first_difference": [next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
                                  if a != b else None for a, b in zip(plain, ids)],
             "plain": plain, "speculative": ids, "stats": totals(spec),
-            "verify_launches": verify_steps_engaged(rec, k)}
+            "verify_launches": verify_launches(rec, k, components)}
 
 
 def sampled_second_tokens(model: Any, prompt: list[int], *, draws: int, batch: int, temperature: float,

@@ -61,7 +61,7 @@ def main() -> None:
     run("1 sampling fresh", sampling_case)
     run("2 speculative sampled-d7", lambda record: F._spec_sampled(7, sizes, engine, models, gate, record))
     run("3 sampling after speculation", sampling_case)
-    run("4 speculative greedy-d3", lambda record: F._spec_greedy(3, sizes, models, tier, record))
+    run("4 speculative greedy-d3", lambda record: F._spec_greedy(3, sizes, models, tier, record, engine.components()))
 
 
 if __name__ == "__main__":

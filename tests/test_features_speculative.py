@@ -193,3 +193,20 @@ def test_greedy_check_excuses_only_rows_judged_near_ties():
     assert "2 of 2 rows differ" in SC.greedy_failure(dict(res, near_ties=[]), K, fast_path=True)
     assert "rows [1]" in SC.greedy_failure(dict(res, near_ties=[0]), K, fast_path=True)
     assert SC.greedy_failure(dict(res, near_ties=[0, 1]), K, fast_path=True) == ""
+
+
+def test_verify_launches_count_declared_verify_variants_at_k_plus_1():
+    """With components that declare verify variants, only those variants at K + 1 tokens count
+    (a decode kernel reporting K + 1 rows does not); with none declared, any event at K + 1."""
+    from fastpath import trace
+
+    comps = [types.SimpleNamespace(name="kda_decode", verify_variants=["triton_verify"]),
+             types.SimpleNamespace(name="moe_experts", verify_variants=[])]
+    with trace.recording() as rec:
+        trace.engaged("kda_decode", "triton_verify", batch=2, tokens=K + 1)
+        trace.engaged("kda_decode", "triton_verify", batch=2, tokens=K)  # another draft length
+        trace.engaged("kda_decode", "triton", batch=2, tokens=K + 1)  # the decode kernel
+        trace.engaged("moe_experts", "triton", batch=2, tokens=K + 1)  # declares no verify variant
+    assert SC.verify_launches(rec, K, comps) == 1
+    assert SC.verify_launches(rec, K) == 3
+    assert SC.verify_launches(rec, K + 1, comps) == 0

@@ -198,7 +198,8 @@ def test_structured_output(case, fp_engine, fp_models, fp_gate, record):
            message="" if ok else f"fast path not engaged during constrained generation: {missing or ['sampler']}",
            **base)
     if draft:
-        _record_drafts_verified("features_structured_output", record, out_fast, rec, draft, base)
+        _record_drafts_verified("features_structured_output", record, out_fast, rec, draft, base,
+                                fp_engine.components())
     if mode == "greedy":
         out_std = SC.generate(std, reqs, SC.ngram(draft)) if draft else std.generate(reqs)
         rows_cmp = [_greedy_row(std, fp_models["oracle"], req.prompt_ids, list(a.token_ids), list(b.token_ids))
@@ -214,16 +215,18 @@ def test_structured_output(case, fp_engine, fp_models, fp_gate, record):
                            f"tolerance {rows_cmp[i]['tolerance']:.3g})" for i in bad), **base)
 
 
-def _record_drafts_verified(gate: str, record, results, rec, k: int, base: dict) -> None:
-    """A case that claims draft length k must have drafted, and (fast path) run the verify kernels."""
+def _record_drafts_verified(gate: str, record, results, rec, k: int, base: dict, components) -> int:
+    """A case that claims draft length k must have drafted, and (fast path) run the verify
+    kernels; returns the verify launches counted."""
     t = SC.totals(results)
-    launches = SC.verify_steps_engaged(rec, k)
+    launches = SC.verify_launches(rec, k, components)
     ok = t["drafted"] > 0 and t["rows_without_statistics"] == 0 and launches > 0
     record(gate, "drafts_verified", t["drafted"], threshold=1, comparator=">=", passed=ok,
            detail={**t, "verify_launches_at_k_plus_1": launches},
            message="" if ok else ("no draft was proposed and verified: the case did not speculate"
                                   if t["drafted"] == 0 or t["rows_without_statistics"] else
                                   f"the fast verify kernels never ran at {k + 1} tokens per sequence"), **base)
+    return launches
 
 
 def _greedy_row(std, orc, prompt: list[int], fast_ids: list[int], std_ids: list[int]) -> dict:
@@ -504,14 +507,14 @@ def _spec_sizes(fp_tier) -> dict:
     return SPEC_SIZES["full" if H.tier_name(fp_tier) == "full" else "smoke"]
 
 
-def _spec_greedy(k, sizes, fp_models, fp_tier, record):
+def _spec_greedy(k, sizes, fp_models, fp_tier, record, components):
     """Per path: greedy token ids identical with and without n-gram drafts, drafts verified
     (fast path: the verify kernels at K + 1 tokens); the n-gram acceptance length reported."""
     prompts = SC.prompts(fp_models["standard"], H.tier_name(fp_tier), sizes["batch"])
     for path in ("standard", "fast"):
         n = sizes["max_tokens"][path]
         reqs = [GenerationRequest(prompt_ids=p, max_tokens=n, ignore_eos=True) for p in prompts]
-        res = SC.greedy_compare(fp_models[path], reqs, k)
+        res = SC.greedy_compare(fp_models[path], reqs, k, components)
         judged = {i: _greedy_row(fp_models["standard"], fp_models["oracle"], prompts[i], res["speculative"][i],
                                  res["plain"][i])
                   for i in range(res["rows"]) if res["plain"][i] != res["speculative"][i]}
@@ -529,7 +532,7 @@ def _spec_greedy(k, sizes, fp_models, fp_tier, record):
                        else f"{SC.SMOKE_TEXT!r} + the model's own greedy continuation"}, **base)
 
 
-def _spec_synthetic(k, sizes, fp_models, fp_tier, record):
+def _spec_synthetic(k, sizes, fp_models, fp_tier, record, components):
     """The synthetic drafter's acceptance length on the fast path, measured (labelled synthetic)."""
     fast = fp_models["fast"]
     target = max(1.0, SYNTHETIC_ACCEPTANCE * (k + 1))
@@ -540,9 +543,8 @@ def _spec_synthetic(k, sizes, fp_models, fp_tier, record):
     with trace.recording() as rec:
         out = SC.generate(fast, reqs, cfg)
     t = SC.totals(out)
-    launches = SC.verify_steps_engaged(rec, k)
     base = {"batch": len(reqs), "draft": k, "path": "fast"}
-    _record_drafts_verified("features_speculative", record, out, rec, k, base)
+    launches = _record_drafts_verified("features_speculative", record, out, rec, k, base, components)
     record("features_speculative", "synthetic_mean_acceptance_length", t["mean_acceptance_length"], status="info",
            detail={**t, "method": "synthetic", "synthetic": True, "acceptance_length_set": target,
                    "verify_launches_at_k_plus_1": launches}, **base)
@@ -586,9 +588,9 @@ def test_speculative(case, fp_engine, fp_tier, fp_models, fp_gate, record):
     cfg = H.case_config(case)
     k, sizes = int(cfg["draft"]), _spec_sizes(fp_tier)
     if cfg["check"] == "greedy":
-        _spec_greedy(k, sizes, fp_models, fp_tier, record)
+        _spec_greedy(k, sizes, fp_models, fp_tier, record, fp_engine.components())
     elif cfg["check"] == "synthetic":
-        _spec_synthetic(k, sizes, fp_models, fp_tier, record)
+        _spec_synthetic(k, sizes, fp_models, fp_tier, record, fp_engine.components())
     elif cfg["check"] == "sampled":
         _spec_sampled(k, sizes, fp_engine, fp_models, fp_gate, record)
     else:

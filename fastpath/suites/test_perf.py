@@ -23,7 +23,7 @@ synthetic_acceptance_length`` AL (declared before measuring): tokens/s = batch x
 time per output token = step time / AL, every such row labelled synthetic. The speedup stays
 the ratio of step times (both paths emit the same tokens); the roofline counts the verify
 step's bytes (step_traffic at that draft). The fast step counts as fired at draft K only if
-an engaged event reports ``tokens = K + 1`` (a verify kernel ran on the draft's tokens): a
+a verify kernel reports ``tokens = K + 1`` (``speculative_checks.verify_launches``): a
 step that silently decoded one token per sequence would otherwise pass as a verify step. The
 baseline at a draft is the eager standard verify step (in its CUDA graph): the engine's compiled
 step covers decode steps only.
@@ -52,6 +52,7 @@ from typing import Any
 import pytest
 
 from fastpath import perf_timing as pt
+from fastpath import speculative_checks as SC
 from fastpath import stats, trace
 from fastpath import suite_helpers as H
 from fastpath.measure import copy_bandwidth
@@ -174,7 +175,7 @@ def test_speedup(case, fp_models, fp_engine, fp_spec, fp_tier, record):
     with trace.recording() as rec:
         fast_step, fast_setup = build(fast_model, batch, context, draft)
     fired = bool(rec.engaged())
-    verified = not draft or any(dict(e.shape).get("tokens") == draft + 1 for e in rec.engaged())
+    verified = not draft or SC.verify_launches(rec, draft, fp_engine.components()) > 0
     eager = eager_model(fp_models, fp_engine)
     baseline, baseline_error = "standard", ""
     if draft and eager is not None:
@@ -239,12 +240,12 @@ def test_speedup(case, fp_models, fp_engine, fp_spec, fp_tier, record):
                 "roofline": roof, "settings": s, "verdict": verdict.as_dict(),
                 "standard_compile": fp_engine.info().get("standard_compile"), "baseline": baseline,
                 "problems": problems}
-    outcome = verdict.outcome if fired and verified else "fast path did not fire"
+    outcome = ("fast path did not fire" if not fired else "fast path did not verify" if not verified
+               else verdict.outcome)
     if not fired:
         msg = "the fast path reported no event while its step was built: the speedup would compare standard with itself"
     elif not verified:
-        outcome = "fast path did not verify"
-        msg = (f"no fast-path event reported tokens = {draft + 1} while the draft-{draft} step was built: it did not "
+        msg = (f"no verify kernel reported tokens = {draft + 1} while the draft-{draft} step was built: it did not "
                f"run a verify step of draft + 1 tokens per sequence; check decode_step(batch, context, draft)")
     elif verdict.outcome == "pass":
         msg = ""
