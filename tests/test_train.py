@@ -3,6 +3,7 @@ run continues exactly where the saved one stopped, the saved state fits what a G
 return, no eval document is ever a training document, and training documents are the evals
 suite's, rendered as its adapter sends them."""
 
+import dataclasses
 import json
 import re
 import time
@@ -18,7 +19,7 @@ from lab.train.trainable import TrainableK3
 from optimized_model.k3.config import get_config
 from optimized_model.k3.tokenizer import K3Tokenizer
 
-TINY_MIX = Mix(tokens_per_step=2048, lengths=((1024, 1.0),), kinds=(("mrcr", 0.5), ("json", 0.5)))
+TINY_MIX = Mix(tokens_per_step=2048, lengths=((1024, 1.0),), kinds=(("mrcr", 0.5), ("json", 0.5)), short_steps=0)
 
 
 def _tc(**kw):
@@ -111,7 +112,8 @@ def test_a_training_document_that_is_an_eval_document_is_dropped(monkeypatch, ki
     planted = eval_tasks.eval_documents("smoke")[task]
     monkeypatch.setattr(eval_tasks, "aime_row", lambda seed, steps: planted[seed % len(planted)])
     monkeypatch.setattr(eval_tasks, "mrcr_row", lambda seed, target, tok: planted[seed % len(planted)])
-    b = make_batch(Mix(tokens_per_step=8192, lengths=((4096, 1.0),), kinds=((kind, 1.0),)), 0, K3Tokenizer())
+    b = make_batch(Mix(tokens_per_step=8192, lengths=((4096, 1.0),), kinds=((kind, 1.0),), short_steps=0), 0,
+                   K3Tokenizer())
     assert b.hashes == [] and float(b.weights.sum()) == 0.0
 
 
@@ -119,7 +121,7 @@ def test_training_mrcr_rows_are_the_suites_and_their_lengths_span_1k_to_16k():
     tok = K3Tokenizer()
     lengths = []
     for step in range(40):
-        b = make_batch(Mix(tokens_per_step=16384), step, tok)
+        b = make_batch(Mix(tokens_per_step=16384, short_steps=0), step, tok)
         rows = b.kind_ids[:, 0] == KINDS.index("mrcr")
         lengths += b.lengths[rows].tolist()
     assert min(lengths) < 1600 and max(lengths) > 14000 and max(lengths) <= 16384, (min(lengths), max(lengths))
@@ -205,3 +207,18 @@ def test_export_writes_the_file_the_engine_loads(tmp_path, capsys, one_torch_thr
     tensors, _ = checkpoint.load_state(tmp_path / "state")
     assert torch.equal(w["lm_head"], tensors["w/lm_head"].to(torch.bfloat16))
     assert w["L1.router_bias"].dtype == torch.float32 and torch.equal(w["L1.router_bias"], tensors["w/L1.router_bias"])
+
+
+def test_the_curriculum_starts_mrcr_on_short_rows_then_moves_to_the_long_table():
+    """The first short_steps steps have rows of short_lengths, MRCR conversations of a few
+    hundred tokens among them; later steps draw from lengths."""
+    tok = K3Tokenizer()
+    mix = Mix(tokens_per_step=4096, short_steps=20, kinds=(("mrcr", 1.0),))
+    early = [make_batch(mix, step, tok) for step in range(12)]
+    assert {b.tokens.shape[1] for b in early} <= {T for T, _ in mix.short_lengths}
+    mrcr_rows = [int(n) for b in early for n in b.lengths[b.weights.sum(1) > 0]]
+    assert mrcr_rows and min(mrcr_rows) < 512, sorted(mrcr_rows)[:5]
+    assert all(b.kinds.get("mrcr") for b in early)
+    late = make_batch(dataclasses.replace(mix, tokens_per_step=65536), 20, tok)
+    assert late.tokens.shape[1] in {T for T, _ in mix.lengths}
+
