@@ -1,6 +1,7 @@
 """First look at verify steps on the H200: the step time of ``decode_step(batch, context, draft)``
-on the fast path, the compiled and the eager standard path (CUDA-graph replays where the path
-captures; the compile time is printed),
+on the fast path, the compiled standard path (``standard_compile_verify``: its verify step
+compiled too; the build time, compile included, is printed) and the eager one (CUDA-graph
+replays where the path captures),
 with the bytes the step must move (``step_traffic``) and the MBU against the copy bandwidth
 measured in the same run. Not the perf suite (no A/B rounds, no CI): a quick figure per shape.
 
@@ -35,7 +36,8 @@ def main() -> None:
     a = ap.parse_args()
     t0 = time.monotonic()
     dtype = "bfloat16" if a.device == "cuda" else "float32"
-    engine = create_engine("embedded", config=a.config, device=a.device, dtype=dtype, standard_compile=a.compile)
+    engine = create_engine("embedded", config=a.config, device=a.device, dtype=dtype,
+                           standard_compile=a.compile, standard_compile_verify=a.compile != "off")
     models = {"fast": engine.load("fast", additional_config={"decode_backend": "latency_specialized"}),
               "standard_eager": engine.load("standard_eager")}
     if a.compile != "off":

@@ -38,3 +38,36 @@ def test_one_compile_for_batch_one_and_one_for_every_larger_batch(monkeypatch):
     assert b1 == first, seen  # contexts of batch 1: no recompile
     assert seen[3] == seen[-1], seen  # after the first batch > 1: no recompile
     assert general <= 2 * first, seen
+
+
+def test_compiled_verify_step_traces_and_computes_the_eager_verify(monkeypatch):
+    """The perf baseline at a draft with ``compile_verify``: verify + commit through dynamo and
+    AOTAutograd (``aot_eager``, fast on the CPU; on the H200 Inductor once failed on the
+    inference-mode decorators inside the traced region, which the traced functions now lack)
+    equals the eager verify step, logits and state; batch and tokens per sequence are
+    symbolic, so draft lengths and batches do not recompile without bound."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend("aot_eager")
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, mode=None, **kw: real(fn, backend=counter))
+    torch._dynamo.reset()
+    try:
+        model = K3Model.build("tiny", device="cpu", dtype=torch.bfloat16, seed=0)
+        runner = K3Runner(model, use_graphs=False, compile_mode="default", compile_verify=True)
+        seen = []
+        for batch, draft in ((1, 3), (2, 3), (4, 7), (2, 7), (8, 3)):
+            state, tokens = runner._bench_inputs(batch, 40, seed=1, draft=draft)
+            keep = torch.full((batch,), draft + 1, dtype=torch.long)
+            eager_state = state.clone()
+            got = runner._compiled_verify()(tokens, state, keep)
+            with torch.inference_mode():
+                want = runner._verify_and_keep(tokens, eager_state, keep)
+            finite = torch.isfinite(want)
+            assert torch.equal(torch.isfinite(got), finite) and torch.equal(got[finite], want[finite])
+            for a, b in zip(state.tensors(), eager_state.tensors()):
+                assert torch.equal(a, b)
+            seen.append(counter.frame_count)
+        assert seen[0] > 0 and seen[-1] == seen[2], seen  # after the first general shape: no recompile
+    finally:
+        torch._dynamo.reset()

@@ -51,6 +51,12 @@ def test_bad_options_are_clear():
         create_engine("embedded", dtype="int8")
     with pytest.raises(ValueError, match="path"):
         create_engine("embedded").load("turbo")
+    with pytest.raises(ValueError, match="standard_compile_verify 'yes': true or false"):
+        create_engine("embedded", standard_compile_verify="yes")
+    # reported only where a compiled step exists to cover verify steps (CPU: standard_compile off)
+    assert create_engine("embedded", standard_compile_verify=True).info()["standard_compile_verify"] is False
+    assert create_engine("embedded", standard_compile="default",
+                         standard_compile_verify=True).info()["standard_compile_verify"] is True
 
 
 SWITCH = {"decode_backend": "latency_specialized"}  # the spec's [switch], as additional_config

@@ -25,8 +25,8 @@ the ratio of step times (both paths emit the same tokens); the roofline counts t
 step's bytes (step_traffic at that draft). The fast step counts as fired at draft K only if
 a verify kernel reports ``tokens = K + 1`` (``speculative_checks.verify_launches``): a
 step that silently decoded one token per sequence would otherwise pass as a verify step. The
-baseline at a draft is the eager standard verify step (in its CUDA graph): the engine's compiled
-step covers decode steps only.
+baseline at a draft is the eager standard verify step (in its CUDA graph) unless the engine
+reports ``standard_compile_verify`` (its compiled step covers verify steps too).
 
 summary case: the K3-style table (batch | standard tok/s | fast tok/s | speedup [CI] | MBU, per
 context) and, with draft cases, the draft-length table (batch x draft: acceptance length,
@@ -178,10 +178,10 @@ def test_speedup(case, fp_models, fp_engine, fp_spec, fp_tier, record):
     verified = not draft or SC.verify_launches(rec, draft, fp_engine.components()) > 0
     eager = eager_model(fp_models, fp_engine)
     baseline, baseline_error = "standard", ""
-    if draft and eager is not None:
-        # the engine compiles its decode step only (K3: Inductor failed on the verify step's
-        # commit on the H200, docs/perf-notes.md run V): at a draft the baseline is the eager
-        # standard verify step in its CUDA graph, and the row says so
+    if draft and eager is not None and not fp_engine.info().get("standard_compile_verify"):
+        # the engine compiles its decode step only (K3 without standard_compile_verify: Inductor
+        # failed on its verify step on the H200, docs/perf-notes.md run V): at a draft the
+        # baseline is the eager standard verify step in its CUDA graph, and the row says so
         std_model, eager, baseline = eager, None, "standard_eager"
     try:
         if "baseline_error" in _SESSION and eager is not None:  # it broke before: do not pay it again

@@ -12,7 +12,9 @@ trained weights, relative to the repository root, instead of the seeded random o
 ``use_graphs`` (default: True on cuda); ``threads``
 (torch CPU threads; default: leave torch's setting); ``standard_compile`` (the torch.compile mode
 of the standard path's benchmark step ``decode_step``: "default", "max-autotune-no-cudagraphs",
-... or "off"; default "default" on cuda, "off" on cpu; runner.py); ``speculative`` (speculative
+... or "off"; default "default" on cuda, "off" on cpu; runner.py); ``standard_compile_verify``
+(that step at a draft, the verify step, compiled too; default false: eager in the graph);
+``speculative`` (speculative
 decoding in ``generate``, vLLM's speculative_config names: ``{method = "ngram", num_speculative_tokens
 = 3, prompt_lookup_min = 2, prompt_lookup_max = 5}`` or ``{method = "synthetic",
 num_speculative_tokens = 7, acceptance_length = 6}``, the latter for benchmarks only;
@@ -125,12 +127,15 @@ class EmbeddedEngine:
 
     def __init__(self, config: str = "tiny", device: str = "cpu", dtype: Any = None, seed: int = 0,
                  use_graphs: bool | None = None, threads: int | None = None, standard_compile: str | None = None,
-                 weights: str | None = None, weights_sha256: str | None = None,
+                 standard_compile_verify: bool = False, weights: str | None = None, weights_sha256: str | None = None,
                  speculative: Mapping[str, Any] | None = None, **unknown: Any):
         if unknown:
             raise TypeError(f"embedded engine: unknown option(s) {sorted(unknown)}; known: config, device, "
-                            "dtype, seed, use_graphs, threads, standard_compile, weights, weights_sha256, "
-                            "speculative")
+                            "dtype, seed, use_graphs, threads, standard_compile, standard_compile_verify, weights, "
+                            "weights_sha256, speculative")
+        if not isinstance(standard_compile_verify, bool):
+            raise ValueError(f"standard_compile_verify {standard_compile_verify!r}: true or false")
+        self.standard_compile_verify = standard_compile_verify
         from .speculative import SpecConfig
 
         self.speculative = SpecConfig.parse(speculative)  # a bad table fails here, in one line
@@ -198,6 +203,7 @@ class EmbeddedEngine:
             "cpu_threads": torch.get_num_threads(),
             "switch": self._own_switch(),
             "standard_compile": self.standard_compile,
+            "standard_compile_verify": self.standard_compile_verify and self.standard_compile != "off",
             "batch_buckets": self._batch_buckets(),
             "speculative": None if self.speculative is None else dict(vars(self.speculative)),
         }
@@ -247,8 +253,9 @@ class EmbeddedEngine:
             path = "standard"  # switch off: what vLLM runs without it (no fast-path event)
         if path in ("standard", "standard_eager"):
             mode = self.standard_compile if path == "standard" else None
-            return K3LoadedModel(path, model, K3Runner(model, use_graphs=self._graphs_on(), compile_mode=mode), tok,
-                                 self.speculative)
+            runner = K3Runner(model, use_graphs=self._graphs_on(), compile_mode=mode,
+                              compile_verify=self.standard_compile_verify)
+            return K3LoadedModel(path, model, runner, tok, self.speculative)
         decoder = self._build_fast(model)
         runner = K3Runner(model, use_graphs=self._graphs_on(), fast_decoder=decoder, fast_mode=True)
         return K3LoadedModel(path, model, runner, tok, self.speculative)

@@ -428,6 +428,12 @@ class K3Model:
         after each sequence's state. Returns fp32 logits [B, T, vocab] (row t predicts what
         follows token t) and the trail ``commit`` needs. The KDA states and the latent cache
         hold all T tokens until ``commit``; ``state.lengths`` is not moved. No host sync."""
+        return self.verify_tensors(tokens, state)
+
+    def verify_tensors(self, tokens: torch.Tensor, state: DecodeState) -> tuple[torch.Tensor, "VerifyTrail"]:
+        """``verify`` without its inference-mode decorator: what ``torch.compile`` traces for the
+        compiled standard verify step (runner.py; a decorator inside the traced region fails
+        there on the state's inference tensors)."""
         cfg = self.cfg
         trail = VerifyTrail(tokens.shape[1])
         x = self.w["embed"][tokens]
@@ -445,6 +451,10 @@ class K3Model:
         """Keep the first ``keep[b]`` (1 ..= T) tokens of the last verify in sequence b: the
         state becomes exactly what plain decoding of those tokens leaves (rejected latents are
         cleared, as plain decoding never wrote them). No host sync."""
+        self.commit_tensors(state, trail, keep)
+
+    def commit_tensors(self, state: DecodeState, trail: "VerifyTrail", keep: torch.Tensor) -> None:
+        """``commit`` without its inference-mode decorator (see ``verify_tensors``)."""
         cfg, B, T = self.cfg, state.batch, trail.T
         keep = keep.to(state.lengths.device, torch.int64)
         rows = torch.arange(B, device=keep.device)

@@ -16,7 +16,10 @@ runs the standard code here. The standard path itself reports nothing.
 Compiled standard step (``compile_mode``, the engine's ``standard_compile`` option; perf's
 baseline): the benchmark hook ``decode_step`` runs ``K3Model.decode_tensors`` through
 ``torch.compile`` (Inductor, that mode; batch and cache capacity marked dynamic, so batch 1
-and one general compile serve every shape) inside the same CUDA graph, as vLLM does. The compile runs in the graph's warm-up,
+and one general compile serve every shape) inside the same CUDA graph, as vLLM does. At a draft
+the verify step and its commit are compiled the same way only with ``compile_verify`` (the
+engine's ``standard_compile_verify``: a first try failed in Inductor on the H200, perf notes run V);
+otherwise they run eager inside the graph. The compile runs in the graph's warm-up,
 before any timed replay; ``generate`` / ``score`` keep the eager-in-graph step (the reference
 math; the two agree within the bf16 noise floor, tests/test_k3_compiled.py).
 """
@@ -46,7 +49,8 @@ class K3Runner:
     CAP_ALIGN = 256
 
     def __init__(self, model: K3Model, *, use_graphs: bool | None = None, fast_decoder: Any = None,
-                 fast_mode: bool = False, reserve: int = 256, compile_mode: str | None = None):
+                 fast_mode: bool = False, reserve: int = 256, compile_mode: str | None = None,
+                 compile_verify: bool = False):
         self.model = model
         self.vocab_size = model.cfg.vocab_size
         self.device = model.device
@@ -64,6 +68,8 @@ class K3Runner:
         self._mempool = None
         self.compile_mode = None if compile_mode in (None, "", "off") else str(compile_mode)
         self._compiled = None
+        self.compile_verify = bool(compile_verify)  # the benchmark's verify step compiled too
+        self._compiled_verify_fn = None
 
     def clear_graph_cache(self) -> None:
         """Drop the captured decode graphs (benchmarks free memory between shapes); the pool's
@@ -205,29 +211,39 @@ class K3Runner:
         return [logits[b, : lens[b]] for b in range(B)]
 
     # -- CUDA graphs -------------------------------------------------------------------------------
+    def _compile(self, fn: Callable) -> Callable:
+        """``fn`` compiled by ``torch.compile(mode=compile_mode)``; call it through ``_dynamic``."""
+        import torch._dynamo
+
+        cfg = torch._dynamo.config
+        for name in ("recompile_limit", "cache_size_limit"):  # one compile per shape class
+            if hasattr(cfg, name):
+                setattr(cfg, name, max(64, int(getattr(cfg, name))))
+        # only batch, tokens per sequence and cache capacity are symbolic (marked in _dynamic;
+        # automatic dynamic shapes for anything else). dynamic=True would make the weights' dims
+        # symbolic too, and duck sizing then ties a batch to an equal weight dim: a recompile per shape
+        return torch.compile(fn, mode=self.compile_mode)
+
+    @staticmethod
+    def _dynamic(tokens: torch.Tensor, state: DecodeState) -> None:
+        """Batch (and a verify step's tokens per sequence) and cache capacity symbolic from the
+        first compile on (a hint: batch 1 still specialises), so one more compile at most serves
+        every other shape."""
+        mark = torch._dynamo.maybe_mark_dynamic
+        for d in range(tokens.dim()):
+            mark(tokens, d)
+        mark(state.lengths, 0)
+        for t in (state.conv, state.kda, state.latent):
+            mark(t, 1)
+        mark(state.latent, 2)
+
     def _compiled_decode(self) -> Callable[[torch.Tensor, DecodeState], torch.Tensor]:
         """``model.decode`` with its tensor part compiled by ``torch.compile(mode=compile_mode)``."""
         if self._compiled is None:
-            import torch._dynamo
-
-            cfg = torch._dynamo.config
-            for name in ("recompile_limit", "cache_size_limit"):  # one compile per shape class
-                if hasattr(cfg, name):
-                    setattr(cfg, name, max(64, int(getattr(cfg, name))))
-            # only batch and cache capacity are symbolic (marked below; automatic dynamic shapes
-            # for anything else). dynamic=True would make the weights' dims symbolic too, and duck
-            # sizing then ties a batch to an equal weight dim: a recompile per shape
-            body = torch.compile(self.model.decode_tensors, mode=self.compile_mode)
+            body = self._compile(self.model.decode_tensors)
 
             def decode(tokens: torch.Tensor, state: DecodeState) -> torch.Tensor:
-                # batch and cache capacity symbolic from the first compile on (a hint: batch 1
-                # still specialises), so one more compile at most serves every other shape
-                mark = torch._dynamo.maybe_mark_dynamic
-                mark(tokens, 0)
-                mark(state.lengths, 0)
-                for t in (state.conv, state.kda, state.latent):
-                    mark(t, 1)
-                mark(state.latent, 2)
+                self._dynamic(tokens, state)
                 with torch.inference_mode():
                     logits = body(tokens, state)
                 state.max_len += 1
@@ -235,6 +251,26 @@ class K3Runner:
 
             self._compiled = decode
         return self._compiled
+
+    def _verify_and_keep(self, tokens: torch.Tensor, state: DecodeState, keep: torch.Tensor) -> torch.Tensor:
+        """The benchmark's verify step: the verify step, then ``commit`` of ``keep`` tokens."""
+        logits, trail = self.model.verify_tensors(tokens, state)
+        self.model.commit_tensors(state, trail, keep)
+        return logits
+
+    def _compiled_verify(self) -> Callable[[torch.Tensor, DecodeState, torch.Tensor], torch.Tensor]:
+        """``_verify_and_keep`` compiled as ``_compiled_decode`` is (tokens [B, T])."""
+        if self._compiled_verify_fn is None:
+            body = self._compile(self._verify_and_keep)
+
+            def verify(tokens: torch.Tensor, state: DecodeState, keep: torch.Tensor) -> torch.Tensor:
+                self._dynamic(tokens, state)
+                torch._dynamo.maybe_mark_dynamic(keep, 0)
+                with torch.inference_mode():
+                    return body(tokens, state, keep)
+
+            self._compiled_verify_fn = verify
+        return self._compiled_verify_fn
 
     def _capture(self, state: DecodeState, lengths_base: torch.Tensor | None = None,
                  tokens: torch.Tensor | None = None, decode: Callable | None = None) -> _Graph:
@@ -285,14 +321,15 @@ class K3Runner:
                 return fast.decode_step(batch, context, draft)
         state, tokens = self._bench_inputs(batch, context, seed, draft)
         base = state.lengths.clone()
-        if draft:  # a verify step of draft + 1 tokens that keeps them all (eager inside the graph)
+        if draft:  # a verify step of draft + 1 tokens that keeps them all (compiled where asked)
             keep = torch.full((batch,), draft + 1, dtype=torch.long, device=self.device)
+            verify = (self._compiled_verify() if self.compile_mode and self.compile_verify and not self.fast_mode
+                      else self._verify_and_keep)
 
             def decode(tok: torch.Tensor, st: DecodeState) -> torch.Tensor:
                 st.lengths.copy_(base)  # also in the graph's warm-up on a scratch copy
-                logits, trail = self.model.verify(tok, st)
-                self.model.commit(st, trail, keep)
-                return logits
+                with torch.inference_mode():
+                    return verify(tok, st, keep)
         elif self.compile_mode and not self.fast_mode:
             decode = self._compiled_decode()
         else:
