@@ -108,12 +108,12 @@ PRUNING_RULES: tuple[Rule, ...] = (
          lambda cfg, spec, tier: cfg["draft"] > 0 and not spec.features["speculative_decoding"],
          "draft length > 0 but features.speculative_decoding is false"),
     # a verify step runs batch x (draft + 1) rows through the fast path's row-wise kernels; past
-    # the spec's max_verify_rows the step is a GEMM, which the fast path hands back
+    # the rows the spec declares it serves (max_verify_rows) the fast path hands the step back
     Rule("verify_rows_over_max", (("coverage", "decode"), ("coverage", "profiler"), ("perf", "speedup")),
          lambda cfg, spec, tier: cfg["draft"] > 0 and spec.scope.get("max_verify_rows") is not None
          and cfg["batch"] * (cfg["draft"] + 1) > spec.scope["max_verify_rows"],
-         "batch x (draft + 1) verify rows exceed scope.max_verify_rows: GEMM territory, the fast path falls "
-         "back with verify_rows_out_of_scope (coverage/fallback/verify_rows checks it)"),
+         "batch x (draft + 1) verify rows exceed scope.max_verify_rows, the rows the fast path declares it "
+         "serves: it falls back with verify_rows_out_of_scope (coverage/fallback/verify_rows checks it)"),
     Rule("context_over_max", (("coverage", "decode"), ("coverage", "profiler"), ("parity", "parity"),
                               ("perf", "speedup")),
          lambda cfg, spec, tier: cfg["context"] + cfg.get("draft", 0) > tier.max_context,

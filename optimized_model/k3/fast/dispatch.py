@@ -22,7 +22,7 @@ Reasons (docs/architecture.md): ``prefill``, ``mixed_batch``, ``batch_out_of_sco
 ``context_out_of_scope``, ``fast_path_unavailable``, and for speculative verify steps
 (``kind="verify"``, ``draft`` = T - 1 tokens after the last emitted one) ``draft_out_of_scope``
 (draft not in 0 ..= MAX_DRAFT) and ``verify_rows_out_of_scope`` (B*T rows beyond the spec's
-``[scope] max_verify_rows``, which the tuning tables and buffers cover: GEMM territory).
+``[scope] max_verify_rows``: the rows its tuning tables and buffers cover, 64 on K3-mini).
 The switch being off reports nothing.
 """
 
