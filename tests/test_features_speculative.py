@@ -107,7 +107,7 @@ def test_greedy_check_fails_an_acceptance_that_takes_non_argmax_drafts(std, monk
     assert "rows differ from greedy decoding" in SC.greedy_failure(res, K, fast_path=False), res
 
 
-def test_greedy_check_fails_a_rollback_that_keeps_a_rejected_tokens_state(std, monkeypatch):
+def _plant_leaky_commit(monkeypatch):
     """Planted defect: commit keeps the KDA state one token past the accepted ones (a rejected
     draft's state survives) while lengths and latents are right."""
     from optimized_model.k3.model import K3Model
@@ -121,10 +121,29 @@ def test_greedy_check_fails_a_rollback_that_keeps_a_rejected_tokens_state(std, m
         for s in range(self.cfg.n_kda):
             state.kda[s].copy_(trail.kda[s][rows, past])
 
-    reqs = _greedy_requests(std, max_tokens=24)  # the leak must reach a later argmax
     monkeypatch.setattr(K3Model, "commit", leaky_commit)
+
+
+def test_greedy_check_fails_a_rollback_that_keeps_a_rejected_tokens_state(std, monkeypatch):
+    reqs = _greedy_requests(std, max_tokens=24)  # the leak must reach a later argmax
+    _plant_leaky_commit(monkeypatch)
     res = SC.greedy_compare(std, reqs, K)
     assert "rows differ from greedy decoding" in SC.greedy_failure(res, K, fast_path=False), res
+
+
+def test_the_suites_near_tie_judgement_does_not_excuse_a_leaky_rollback(std, monkeypatch):
+    """The features suite excuses a differing row only at a near-tie (``_greedy_row``); the
+    leaky rollback's rows part where the fp32 oracle ranks the plain row's token clearly higher."""
+    from suite_modules import load_suite
+
+    features = load_suite("features")
+    oracle = EmbeddedEngine(config="tiny", device="cpu", dtype="float32").load("oracle")
+    reqs = _greedy_requests(std, max_tokens=24)
+    _plant_leaky_commit(monkeypatch)
+    res = SC.greedy_compare(std, reqs, K)
+    judged = [features._greedy_row(std, oracle, r.prompt_ids, spec, plain)
+              for r, spec, plain in zip(reqs, res["speculative"], res["plain"]) if spec != plain]
+    assert judged and not any(j["near_tie"] for j in judged), judged
 
 
 def test_greedy_check_fails_when_nothing_was_drafted(std, monkeypatch):
