@@ -18,9 +18,11 @@ one ``control`` case (standard vs standard, at the smallest shape) and one ``sum
 K3-style table and the measured bandwidth). On the smoke tier (CPU: a fast step takes seconds
 in Triton's interpreter) only the smallest batch is timed; its rows are reported, not gated.
 
-Kernels: with ``[kernels] names`` in the spec, one case per name × dtype of the tier; without
-it one ``kernels/kernel/registry-<dtype>`` case per dtype, which the suite expands over the
-engine's registry.
+Kernels: with ``[kernels] names`` in the spec, one case per name × dtype of the tier (cases that
+``verify --jobs`` can deal out to its workers) and one ``kernels/kernel/unnamed-<dtype>`` case per
+dtype that tests every registered kernel the list leaves out, so a list never narrows what is
+tested; without it one ``kernels/kernel/registry-<dtype>`` case per dtype, which the suite expands
+over the engine's registry.
 """
 
 from __future__ import annotations
@@ -199,10 +201,15 @@ def _verify_rows_fallback(spec: Spec, tier: Tier) -> dict:
 
 
 def _kernels(spec: Spec, tier: Tier) -> list[Case]:
-    # kernel None = "every kernel the engine registers": the suite expands the registry.
-    names = spec.kernel_names or [None]
-    return [Case("kernels", "kernel", f"kernels/kernel/{n or 'registry'}-{d}", {"kernel": n, "dtype": d})
-            for n in names for d in tier.dtypes]
+    # kernel None = "every kernel the engine registers" (less those in "except"): the suite
+    # expands the registry
+    if not spec.kernel_names:
+        return [Case("kernels", "kernel", f"kernels/kernel/registry-{d}", {"kernel": None, "dtype": d})
+                for d in tier.dtypes]
+    named = [Case("kernels", "kernel", f"kernels/kernel/{n}-{d}", {"kernel": n, "dtype": d})
+             for n in spec.kernel_names for d in tier.dtypes]
+    return named + [Case("kernels", "kernel", f"kernels/kernel/unnamed-{d}",
+                         {"kernel": None, "except": list(spec.kernel_names), "dtype": d}) for d in tier.dtypes]
 
 
 def _parity(spec: Spec, tier: Tier) -> list[Case]:

@@ -30,10 +30,11 @@ from typing import Any, Callable
 
 CASE_DONE = "\x1efastpath-case-done"
 EXCLUSIVE = ("perf",)
-# started first, longest first as measured on the CPU tier (generation: many fast decode steps;
-# the kernels' interpreted jitter rounds), so the short suites fill the gaps at the end instead of
-# one long suite running alone
-LONG_FIRST = ("evals", "features", "kernels", "parity")
+# started first and split into shards, so the short suites fill the gaps at the end instead of
+# one long suite running alone: evals first (one session, never split), then the longest (H200:
+# kernels 530 s, coverage 251 s, parity 51 s in run T, features 161 s with drafts in run V; CPU
+# smoke: kernels 59 s, parity 42 s, features 41 s, coverage 10 s)
+LONG_FIRST = ("evals", "kernels", "features", "coverage", "parity")
 # never sharded: every case reads one session-wide computation (evals: the four lm-eval runs),
 # which each shard would repeat whole (and load every model again)
 ONE_SESSION = ("evals",)

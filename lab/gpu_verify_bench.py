@@ -5,7 +5,7 @@ replays where the path captures),
 with the bytes the step must move (``step_traffic``) and the MBU against the copy bandwidth
 measured in the same run. Not the perf suite (no A/B rounds, no CI): a quick figure per shape.
 
-    python3 -m lab.gpu_verify_bench --shapes 1x0,1x3,1x7,8x3,8x7,16x3 --context 1024
+    python3 -m lab.gpu_verify_bench --shapes 1x0,1x3,1x7,8x3,8x7,16x3 --context 1024,8192
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def step_ms(step, replays: int, rounds: int, device: str) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="1x0,1x3,1x7,8x3,8x7,16x3", help="BATCHxDRAFT, comma list")
-    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--context", default="1024", help="context lengths, comma list")
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--config", default="mini")
@@ -44,22 +44,22 @@ def main() -> None:
         models["standard"] = engine.load("standard")
     bw = copy_bandwidth(a.device)
     print(f"copy bandwidth {bw / 1e12:.3f} TB/s; set-up {time.monotonic() - t0:.0f} s", flush=True)
-    print("| batch | draft | rows | compiled std ms (build s) | eager std ms | fast ms | fast / best std | "
+    print("| ctx | batch | draft | rows | compiled std ms (build s) | eager std ms | fast ms | fast / best std | "
           "bytes/step (GB) | fast MBU |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for shape in a.shapes.split(","):
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for context, shape in ((int(c), s) for c in a.context.split(",") for s in a.shapes.split(",")):
         b, d = (int(x) for x in shape.split("x"))
         ms, built = {}, {}
         for p, m in models.items():
             t = time.monotonic()
-            step = m.decode_step(b, a.context, d)
+            step = m.decode_step(b, context, d)
             built[p] = time.monotonic() - t
             ms[p] = step_ms(step, a.replays, a.rounds, a.device)
-        traffic = models["standard_eager"].step_traffic(b, a.context, d)["total"]
+        traffic = models["standard_eager"].step_traffic(b, context, d)["total"]
         mbu = traffic / (ms["fast"] / 1e3) / bw
         best = min(v for p, v in ms.items() if p != "fast")
         compiled = f"{ms['standard']:.3f} ({built['standard']:.0f})" if "standard" in ms else "-"
-        print(f"| {b} | {d} | {b * (d + 1)} | {compiled} | {ms['standard_eager']:.3f} | {ms['fast']:.3f} | "
+        print(f"| {context} | {b} | {d} | {b * (d + 1)} | {compiled} | {ms['standard_eager']:.3f} | {ms['fast']:.3f} | "
               f"{best / ms['fast']:.2f}x | {traffic / 1e9:.3f} | {100 * mbu:.1f} % |", flush=True)
 
 

@@ -16,7 +16,6 @@ from fastpath import trace  # noqa: E402
 from fastpath.plan import build_plan  # noqa: E402
 from fastpath.spec import load_spec  # noqa: E402
 
-from spec_drafts import draft_spec  # noqa: E402
 from suite_modules import load_suite, profiler_case_rows  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -122,7 +121,7 @@ def test_planted_defect_decode_kernels_run_T_times_at_draft_3_is_caught(fast_tin
 
 def test_verify_rows_fallback_case_refuses_on_every_component(fast_tiny, tmp_path):
     engine, model = fast_tiny
-    spec = load_spec(draft_spec(tmp_path))  # the real spec with its draft switch on
+    spec = load_spec(SPEC)
     plan = build_plan(spec, "smoke")
     case = next(c for c in plan.cases if c.case_id == "coverage/fallback/verify_rows")
     cfg = case.config
@@ -143,17 +142,20 @@ def test_verify_rows_fallback_case_refuses_on_every_component(fast_tiny, tmp_pat
 def test_dispatch_reads_the_verify_row_limit_from_the_spec(tmp_path, monkeypatch):
     from optimized_model.k3.fast import dispatch
 
-    # the committed spec declares no limit (no drafts yet): the largest batch is the limit
-    assert load_spec(SPEC).scope["max_verify_rows"] is None and dispatch.scope()["max_verify_rows"] == 64
-    path = draft_spec(tmp_path)  # with its draft switch on, the limit is the spec's
-    monkeypatch.setattr(dispatch, "SPEC_PATH", path)
-    dispatch.scope.cache_clear()
-    try:
-        assert dispatch.scope()["max_verify_rows"] == load_spec(path).scope["max_verify_rows"] == 64
-        assert dispatch.scope()["draft_lengths"] == [0, 3, 7]
-    finally:
-        monkeypatch.undo()
+    assert load_spec(SPEC).scope["max_verify_rows"] == dispatch.scope()["max_verify_rows"] == 64
+    assert dispatch.scope()["draft_lengths"] == [0, 3, 7]
+    # another declared limit is the one the dispatch enforces; none declared: the largest batch
+    for line, rows in (("max_verify_rows = 32\n", 32), ("", 64)):
+        path = tmp_path / f"limit{rows}" / "fastpath.toml"
+        path.parent.mkdir()
+        path.write_text(SPEC.read_text().replace("max_verify_rows = 64\n", line))
+        monkeypatch.setattr(dispatch, "SPEC_PATH", path)
         dispatch.scope.cache_clear()
+        try:
+            assert dispatch.scope()["max_verify_rows"] == rows
+        finally:
+            monkeypatch.undo()
+            dispatch.scope.cache_clear()
     assert dispatch.decide(17, 16, "verify", 3) == "verify_rows_out_of_scope"  # 68 rows
     assert dispatch.decide(16, 16, "verify", 3) is None  # 64 rows
     assert dispatch.decide(16, 16, "verify", 7) == "verify_rows_out_of_scope"  # the 128 rows

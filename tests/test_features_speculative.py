@@ -12,7 +12,6 @@ from fastpath import speculative_checks as SC
 from fastpath.engine import GenerationRequest
 from fastpath.plan import build_plan
 from fastpath.spec import load_spec
-from spec_drafts import with_drafts
 from optimized_model.k3 import generate as k3_generate
 from optimized_model.k3.drafters import NgramDrafter
 from optimized_model.k3.engine import EmbeddedEngine
@@ -41,7 +40,7 @@ def _greedy_requests(std, n=2, max_tokens=6):
 
 # -- the plan ---------------------------------------------------------------------------------------
 def _spec_with(tmp_path, speculative: bool, smoke_drafts: str = "[0, 3]"):
-    text = with_drafts(open(SPEC).read())
+    text = open(SPEC).read()
     text = text.replace("speculative_decoding = true", f"speculative_decoding = {str(speculative).lower()}")
     old = "context_lengths = [16, 64]\ndraft_lengths = [0, 3]\n"
     assert old in text

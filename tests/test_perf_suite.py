@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from spec_drafts import with_drafts
 from suite_modules import load_suite
 
 REPO = Path(__file__).resolve().parent.parent
@@ -23,7 +22,7 @@ REAL_SPEC = REPO / "optimized_model" / "k3" / "fastpath.toml"
 def perf_only_spec(tmp_path: Path) -> Path:
     """The real spec with the perf gates only and a smoke slice of batch 1 at context 16, draft
     0 and 3 (whatever draft lengths the real spec declares)."""
-    text = with_drafts(REAL_SPEC.read_text())  # the real spec with its draft switch on
+    text = REAL_SPEC.read_text()
     head, _, gates = text.partition("[gates]\n")
     head = re.sub(r"(?m)^draft_lengths = .*\n", "", head)
     head = re.sub(r"(?m)^max_verify_rows = .*\n", "", head)  # only with a draft in [scope]

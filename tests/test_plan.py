@@ -8,7 +8,6 @@ from typer.testing import CliRunner
 from fastpath.cli import app
 from fastpath.plan import Plan, build_plan
 from fastpath.spec import load_spec
-from spec_drafts import draft_spec
 
 DOUBLE_SPEC = Path(__file__).parent / "doubles" / "stub" / "spec.toml"
 REAL_SPEC = Path(__file__).resolve().parents[1] / "optimized_model" / "k3" / "fastpath.toml"
@@ -55,8 +54,11 @@ def test_explicit_kernel_names_times_dtypes(tmp_path):
                      ("dtype = \"float32\" }", "dtype = \"float32\" }\ndtypes = [\"float32\", \"float16\"]"))
     cases = build_plan(spec, "smoke").for_suite("kernels")[0]
     assert ids(cases) == ["kernels/kernel/gemv-float32", "kernels/kernel/gemv-float16",
-                          "kernels/kernel/kda-float32", "kernels/kernel/kda-float16"]
+                          "kernels/kernel/kda-float32", "kernels/kernel/kda-float16",
+                          "kernels/kernel/unnamed-float32", "kernels/kernel/unnamed-float16"]
     assert cases[3].config == {"kernel": "kda", "dtype": "float16"}
+    # a list splits the suite, it never narrows it: the rest of the registry is one more case
+    assert cases[5].config == {"kernel": None, "except": ["gemv", "kda"], "dtype": "float16"}
 
 
 def test_pruning_rules_become_waivers_not_drops(tmp_path):
@@ -124,7 +126,7 @@ def test_cli_plan_defaults_to_the_projects_spec(tmp_path, monkeypatch):
 def test_every_declared_fallback_of_the_real_spec_is_a_coverage_case(tmp_path):
     """context_out_of_scope is declared like the others; its case drives a context past
     features.max_context (the dispatch's limit), at an in-scope batch."""
-    spec = load_spec(draft_spec(tmp_path))  # the spec with its draft switch on
+    spec = load_spec(REAL_SPEC)
     cases = {c.case_id: c for c in build_plan(spec, "smoke").for_suite("coverage")[0] if c.kind == "fallback"}
     assert set(cases) == {f"coverage/fallback/{s}" for s in
                           ("prefill", "mixed", "batch_out_of_scope", "context_out_of_scope", "verify_rows")}
@@ -134,7 +136,7 @@ def test_every_declared_fallback_of_the_real_spec_is_a_coverage_case(tmp_path):
 
 
 def test_perf_cases_cover_the_scope_on_full_and_the_smallest_batch_on_smoke(tmp_path):
-    spec = load_spec(draft_spec(tmp_path))  # the spec with its draft switch on
+    spec = load_spec(REAL_SPEC)
     cases, waivers = build_plan(spec, "full").for_suite("perf")
     speed = [c for c in cases if c.kind == "speedup"]
     shapes = {(c.config["batch"], c.config["context"], c.config["draft"]) for c in speed}
@@ -184,9 +186,7 @@ def test_verify_steps_over_max_verify_rows_are_waived_with_the_fallback_named(tm
 
 
 def test_real_spec_drafts_on_both_tiers(tmp_path):
-    # committed: no drafts until the full-tier bundle is re-made with them (the spec's comment)
-    assert load_spec(REAL_SPEC).scope["draft_lengths"] == [0]
-    spec = load_spec(draft_spec(tmp_path))  # the spec with its draft switch on
+    spec = load_spec(REAL_SPEC)
     assert spec.scope["draft_lengths"] == [0, 3, 7] and spec.scope["max_verify_rows"] == 64
     assert spec.features["speculative_decoding"] is True
     assert spec.tier("smoke").scope["draft_lengths"] == [0, 3]

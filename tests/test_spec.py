@@ -6,7 +6,6 @@ import pytest
 
 from fastpath.errors import SpecError
 from fastpath.spec import find_line, load_spec
-from spec_drafts import draft_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 DOUBLE_SPEC = Path(__file__).parent / "doubles" / "stub" / "spec.toml"
@@ -183,7 +182,7 @@ def test_max_verify_rows_is_validated_and_tiers_narrow_draft_lengths(tmp_path):
     spec = load_spec(path)
     assert spec.scope["max_verify_rows"] == 64
     assert load_spec(DOUBLE_SPEC).scope["max_verify_rows"] is None  # default: no limit declared
-    real = load_spec(draft_spec(tmp_path / "drafts"))  # the real spec with its draft switch on
+    real = load_spec(REAL_SPEC)
     assert real.tier("smoke").scope["draft_lengths"] == [0, 3] and real.tier("full").scope["draft_lengths"] == [0, 3, 7]
     # the fallback the coverage suite drives is a reason the trace may record
     path = spec_with(tmp_path, 'fallbacks = { prefill = "prefill", mixed = "mixed_batch" }',

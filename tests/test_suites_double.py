@@ -245,3 +245,34 @@ def test_double_coverage_matrix_in_rows(double_run):
     # no Triton interpreter in the double: the CPU second source is a visible waiver
     launch = [r for r in rows if r["gate"] == "coverage_profiler_kernels" and "/decode/" in r["case_id"]]
     assert launch and all(r["status"] == "waived" and "interpreter" in r["message"] for r in launch)
+
+
+def test_kernels_unnamed_case_tests_what_the_spec_list_leaves_out():
+    """``[kernels] names`` splits the suite into cases; a registered kernel the list omits is
+    tested in the ``unnamed`` case, and with none omitted that case says so in a passing row."""
+    from types import SimpleNamespace
+
+    class Kernel(SimpleNamespace):
+        def make_inputs(self, shape, vc, dtype, dev, seed):
+            return {"x": torch.full((shape["n"],), 1.5, dtype=torch.float32)}
+
+    def entry(name):
+        return Kernel(name=name, component="c", fast=lambda x: x * 2, standard=lambda x: x * 2,
+                      oracle=lambda x: x + x, shapes=[{"n": 4}], value_classes=["normal"],
+                      dtypes=["float32"], deterministic=True, kernel_patterns=[])
+
+    engine = SimpleNamespace(kernels=lambda: [entry("gemv"), entry("kda")],
+                             info=lambda: {"device": "cpu", "dtype": "float32"})
+
+    def run(config):
+        rows = []
+        kernels.test_kernel({"case_id": "kernels/kernel/unnamed-float32", "config": config}, engine,
+                            {"name": "smoke"}, lambda gate: {}, lambda gate, metric, value, **kw:
+                            rows.append({"gate": gate, "metric": metric, "value": value, **kw}), None)
+        return rows
+
+    rows = run({"kernel": None, "except": ["gemv"], "dtype": "float32"})
+    assert {r.get("kernel") for r in rows} == {"kda"}  # the omitted kernel, every gate
+    assert {r["gate"] for r in rows} >= {"kernels_noise_floor", "kernels_finite", "kernels_deterministic"}
+    [row] = run({"kernel": None, "except": ["gemv", "kda"], "dtype": "float32"})
+    assert (row["metric"], row["value"], row["threshold"]) == ("unnamed_kernels", 0, 0)

@@ -151,8 +151,8 @@ def test_a_suite_worker_that_dies_is_an_error_row_naming_its_exit_code(tmp_path,
 def test_long_suites_start_first_and_timing_suites_run_alone_after_the_others():
     from fastpath.suite_workers import waves
 
-    assert waves(["coverage", "kernels", "perf", "parity"]) == [["kernels", "parity", "coverage"], ["perf"]]
-    assert waves(["coverage", "kernels", "parity", "features"]) == [["features", "kernels", "parity", "coverage"]]
+    assert waves(["coverage", "kernels", "perf", "parity"]) == [["kernels", "coverage", "parity"], ["perf"]]
+    assert waves(["coverage", "kernels", "parity", "features"]) == [["kernels", "features", "coverage", "parity"]]
     assert waves(["perf"]) == [["perf"]]
 
 
@@ -161,10 +161,11 @@ def test_long_suites_run_as_shards_merged_back_into_one_suite(tmp_path):
     from fastpath.suite_workers import units
 
     assert units(["features", "coverage"], 2, {"features": 9, "coverage": 16}) == [
-        ("features", (0, 2)), ("features", (1, 2)), ("coverage", (0, 1))]
+        ("features", (0, 2)), ("features", (1, 2)), ("coverage", (0, 2)), ("coverage", (1, 2))]
     assert units(["parity"], 2, {"parity": 1}) == [("parity", (0, 1))]
     # the evals cases all read one session's lm-eval runs: two shards would each run them all
-    assert units(["evals", "coverage"], 2, {"evals": 9, "coverage": 16}) == [("evals", (0, 1)), ("coverage", (0, 1))]
+    assert units(["evals", "coverage"], 2, {"evals": 9, "coverage": 16}) == [
+        ("evals", (0, 1)), ("coverage", (0, 2)), ("coverage", (1, 2))]
     state = RunState(tmp_path)
     for i, status in enumerate(("done", "done")):
         state.rows_path("features", (i, 2)).parent.mkdir(parents=True, exist_ok=True)

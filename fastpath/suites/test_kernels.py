@@ -1,7 +1,8 @@
 """Kernel suite: each registered fast kernel vs its fp32 oracle (DESIGN §3.5, issue 5 item 2).
 
-For every kernel entry of ``engine.kernels()`` (the plan's ``kernel`` cases: one kernel, or the
-whole registry when the case names none, per dtype of the tier), over its shapes (smoke tier:
+For every kernel entry of ``engine.kernels()`` (the plan's ``kernel`` cases: one kernel, the whole
+registry when the case names none, or the registry less the spec's ``[kernels] names`` -- the
+``unnamed`` case --, per dtype of the tier), over its shapes (smoke tier:
 first, last and odd/edge shapes; full tier: all) plus its ``boundary_shapes`` (both sides of
 the tuning table's bucket edges, partial tiles: every tier) and value classes:
 
@@ -134,8 +135,12 @@ def _label(shape: dict) -> str:
 def test_kernel(case, fp_engine, fp_tier, fp_gate, record, waive):
     cfg = H.case_config(case)
     dtype = cfg.get("dtype") or fp_engine.info().get("dtype")
-    want = cfg.get("kernel")
-    entries = [e for e in fp_engine.kernels() if want in (None, e.name)]
+    want, named = cfg.get("kernel"), set(cfg.get("except") or ())
+    entries = [e for e in fp_engine.kernels() if e.name == want or (want is None and e.name not in named)]
+    if not entries and named:  # the spec's [kernels] names list every registered kernel
+        record("kernels_noise_floor", "unnamed_kernels", 0, threshold=0, comparator="<=", dtype=dtype,
+               detail={"named": sorted(named)}, message="")
+        return
     if not entries:
         record("kernels_noise_floor", "kernels_found", 0, threshold=1, comparator=">=", dtype=dtype,
                message=f"no registered kernel named {want!r}" if want else "the engine registers no kernels")
