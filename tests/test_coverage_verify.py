@@ -13,6 +13,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before any fast kernel module 
 import pytest  # noqa: E402
 
 from fastpath import trace  # noqa: E402
+from fastpath.engine import GenerationRequest  # noqa: E402
 from fastpath.plan import build_plan  # noqa: E402
 from fastpath.spec import load_spec  # noqa: E402
 
@@ -176,8 +177,8 @@ def profiler_rows_d3(fast_tiny):
 
 
 def test_profiler_case_at_draft_3_with_the_interpreter_standing_in_for_the_profiler(profiler_rows_d3):
-    """The GPU-only profiler case at draft 3, driven on CPU: production is ``generate`` with a
-    synthetic drafter accepting every draft (each step a verify step of 4 tokens), the kernels
+    """The GPU-only profiler case at draft 3, driven on CPU: production is ``generate`` with the
+    synthetic drafter at acceptance length 1 (each step a verify step of 4 tokens), the kernels
     expected are the verify kernels, and the benchmark hook launches what production does --
     but for the sampler (next test)."""
     rows = profiler_rows_d3
@@ -190,6 +191,23 @@ def test_profiler_case_at_draft_3_with_the_interpreter_standing_in_for_the_profi
             assert row["passed"] and row["detail"]["fast_kernels"] == [kernel] and row["value"] >= 1, (metric, comp)
     match = next(r for r in rows if r["metric"] == "decode_step_matches_production")
     assert set(match["detail"]["differences"]) <= {"fp_sampler_kernel"}, match["detail"]
+
+
+def test_production_at_a_draft_runs_no_drafter_model(fast_tiny, monkeypatch):
+    """The production comparison's drafter runs no model: a lookahead's decode steps on the
+    target (the standard path's kernels) would land in the profile beside the verify steps'
+    (on the H200 every profiler case at a draft failed on them, perf notes run Y)."""
+    engine, model = fast_tiny
+    decodes = []
+    real = type(model.model).decode
+    monkeypatch.setattr(type(model.model), "decode", lambda self, *a, **k: decodes.append(1) or real(self, *a, **k))
+    per_step, uneven, _ = coverage.production_decode_kernels(model, model.tokenizer, 1, 16, tokens=2,
+                                                             profile=lambda run: (run(), [])[1], draft=3)
+    assert decodes == [] and uneven == []
+    # the same generation with a drafter that looks ahead decodes on the target: what the test sees
+    model.generate([GenerationRequest(prompt_ids=[5] * 16, max_tokens=3, temperature=0.0, ignore_eos=True)],
+                   speculative={"method": "synthetic", "num_speculative_tokens": 3, "acceptance_length": 2})
+    assert decodes
 
 
 def test_production_verify_steps_run_the_fast_sampler(profiler_rows_d3):

@@ -85,6 +85,38 @@ def test_decode_step_with_a_draft_is_a_verify_step_at_a_fixed_context(std):
     assert dispatch.decide(2, 40, "verify", 8) == "draft_out_of_scope"
 
 
+def test_benchmark_verify_step_keeps_alive_what_its_graph_reads(std, monkeypatch):
+    """On a GPU the standard path's benchmark verify step is a CUDA graph that reads its
+    ``keep`` counts at every replay: every tensor made for it must live as long as the step (a
+    freed one is reused by the next allocation; on the H200 the counts became garbage once a
+    neighbour step was freed, and the commit's gather tripped a device-side assert). The
+    capture is faked here (no CUDA): what matters is what the returned step holds."""
+    import gc
+    import weakref
+
+    from optimized_model.k3 import runner as runner_mod
+
+    made, full = [], torch.full
+
+    def spy_full(*args, **kwargs):
+        t = full(*args, **kwargs)
+        made.append(weakref.ref(t))
+        return t
+
+    runner = runner_mod.K3Runner(std.runner.model, use_graphs=False)
+    monkeypatch.setattr(runner, "use_graphs", True)
+    monkeypatch.setattr(runner, "_capture", lambda state, lengths_base, tokens, decode: runner_mod._Graph(
+        None, tokens, None))  # as the real one: it keeps the graph, not the step it captured
+    monkeypatch.setattr(torch, "full", spy_full)
+    step = runner.decode_step(2, 16, 3)
+    monkeypatch.undo()
+    gc.collect()
+    assert made and all(ref() is not None for ref in made)
+    del step
+    gc.collect()
+    assert all(ref() is None for ref in made)  # held by the step, not leaked
+
+
 def test_fast_path_refuses_out_of_scope_verify_steps_with_the_declared_reason():
     from fastpath import trace
     from optimized_model.k3.fast import dispatch

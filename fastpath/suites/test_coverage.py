@@ -36,9 +36,11 @@ profiler (gate coverage_profiler_kernels): on a GPU, ``torch.profiler`` captures
              with the same per-component checks, and at the production comparison's context:
              its kernels (those any component's patterns name) must be production's, kernel
              for kernel and count for count, or the row names the difference.
-         At draft > 0 production is ``generate`` with a synthetic drafter whose every draft is
-         accepted (``speculative``), so each of its steps is a verify step of draft + 1 tokens,
-         and a component's fast kernels are its ``verify_kernel_patterns`` where it declares them.
+         At draft > 0 production is ``generate`` with the synthetic drafter at acceptance length
+         1 (``speculative``): each step is a verify step of draft + 1 tokens that accepts none,
+         and the drafter runs no model (one that looked ahead on the target would put its own
+         kernels in the profile); a component's fast kernels are its ``verify_kernel_patterns``
+         where it declares them.
          On CPU: a waiver row (the decode case carries the CPU second source).
 
 Every row carries the case's coverage-matrix cell in ``detail`` (``cell``: the variants it ran,
@@ -391,13 +393,13 @@ def production_decode_kernels(model, tokenizer, batch: int, prompt: int, tokens:
     kernels = those of an N-token generation minus those of a 1-token one of the same prompts
     (the prefill and the first sample cancel), over N - 1 steps. ``profile(run)`` -> the kernel
     names ``run()`` launched (default: torch.profiler's). ``draft`` > 0: each of the N - 1
-    steps is a verify step of draft + 1 tokens (a synthetic drafter whose every draft is
-    accepted), so the generations are 1 + (N - 1) x (draft + 1) tokens long."""
+    steps is a verify step of draft + 1 tokens emitting one (the synthetic drafter at
+    acceptance length 1: drafts the target never picks, made without running any model)."""
     profile = profile or _profile_kernels
     from fastpath.engine import GenerationRequest
 
     steps = tokens - 1
-    spec = ({"method": "synthetic", "num_speculative_tokens": draft, "acceptance_length": draft + 1}
+    spec = ({"method": "synthetic", "num_speculative_tokens": draft, "acceptance_length": 1}
             if draft > 0 else None)
     gen = (lambda reqs: model.generate(reqs, speculative=spec)) if spec else model.generate
 
@@ -405,7 +407,7 @@ def production_decode_kernels(model, tokenizer, batch: int, prompt: int, tokens:
         return [GenerationRequest(prompt_ids=H.prompt_ids(tokenizer, 100 + i, prompt), max_tokens=n,
                                   temperature=0.0, ignore_eos=True) for i in range(batch)]
 
-    tokens = 1 + steps * (max(0, draft) + 1)
+    tokens = 1 + steps
     gen(requests(tokens))  # warm-up: graphs of this shape captured, tables loaded
     one = Counter(profile(lambda: gen(requests(1))))
     with trace.recording() as rec:
@@ -417,10 +419,9 @@ def production_decode_kernels(model, tokenizer, batch: int, prompt: int, tokens:
 
 
 def production_tokens(draft: int = 0) -> int:
-    """Tokens the production comparison's generation reserves: PRODUCTION_TOKENS - 1 steps of
-    draft + 1 tokens after the prefill's first, plus (at draft > 0) the draft a verify window
-    may run past max_tokens."""
-    return 1 + (PRODUCTION_TOKENS - 1) * (draft + 1) + draft
+    """Tokens the production comparison's generation reserves: PRODUCTION_TOKENS (the prefill's
+    first, then one per step), plus (at draft > 0) the draft a verify window runs past them."""
+    return PRODUCTION_TOKENS + draft
 
 
 def production_prompt(batch: int, context: int, draft: int = 0) -> int:

@@ -53,14 +53,16 @@ class SyntheticDrafter:
     At its s-th verify step (s = 0, 1, ...) a sequence is given a_s = floor((s+1)(A-1)) -
     floor(s(A-1)) correct drafts (so the mean of a_s over any run of steps is A - 1 to within
     1/steps, exactly A - 1 for an integer A): the target's own greedy continuation for the first
-    a_s positions, then at the next position a token the target does not pick there (its greedy
-    token + 1, wrapping in the real vocabulary), repeated for the rest of the K positions. A greedy
-    request then accepts exactly a_s drafts per step and its output is plain decoding's.
+    a_s positions, then tokens the target never picks for the rest of the K positions: a padding
+    id (its logit is -inf, so no sampler draws it), or where the vocabulary has no padding the
+    greedy token + 1 (wrapping in the real vocabulary). A greedy request then accepts exactly
+    a_s drafts per step and its output is plain decoding's.
 
     The greedy continuation comes from a lookahead: plain decode steps of the target on a copy
-    of the state (min(K, max a_s + 1) of them per verify step; a benchmark times the verify step,
-    not this). The lookahead ignores grammar masks, stops and temperature: constrained or
-    sampled rows accept fewer drafts than A - 1.
+    of the state (max a_s of them per verify step, one more without padding; a benchmark times
+    the verify step, not this). At A = 1 there is none: the drafter runs no model, so a profile
+    of the generation holds the verify steps' kernels only. The lookahead ignores grammar masks,
+    stops and temperature: constrained or sampled rows accept fewer drafts than A - 1.
     """
 
     method, synthetic = "synthetic", True
@@ -78,18 +80,19 @@ class SyntheticDrafter:
     def propose(self, contexts: Sequence[Sequence[int]], active: Sequence[bool], runner: Any,
                 state: DecodeState) -> list[list[int]]:
         want = [self.correct_drafts(b) if a else -1 for b, a in enumerate(active)]
-        ahead = max((min(self.k, w + 1) for w in want if w >= 0), default=0)
+        cfg = runner.model.cfg
+        padding = cfg.n_real_tokens if cfg.vocab_size > cfg.n_real_tokens else None
+        extra = 0 if padding is not None else 1  # without padding the wrong token needs the greedy one
+        ahead = max((min(self.k, w + extra) for w in want if w >= 0), default=0)
         greedy = self._lookahead(runner.model, [c[-1] for c in contexts], state, ahead)
-        n_real = runner.model.cfg.n_real_tokens
         out: list[list[int]] = []
         for b, w in enumerate(want):
             if w < 0:
                 out.append([])
                 continue
             self.steps[b] = self.steps.get(b, 0) + 1
-            right = greedy[b][:w]
-            wrong = [] if w == self.k else [(greedy[b][w] + 1) % n_real] * (self.k - w)
-            out.append(right + wrong)
+            wrong = padding if padding is not None or w == self.k else (greedy[b][w] + 1) % cfg.n_real_tokens
+            out.append(greedy[b][:w] + [wrong] * (self.k - w))
         return out
 
     @staticmethod

@@ -337,8 +337,11 @@ class K3Runner:
         if self.use_graphs:
             g = self._capture(state, lengths_base=base, tokens=tokens, decode=decode)
             # keep the graph's tensors alive as long as the callable: the replay reads ``base``
-            # (a freed one is reused by the next allocation and the lengths become its bytes)
-            g.state, g.base = state, base
+            # and, in a verify step, the ``keep`` counts ``decode`` closes over (a freed one is
+            # reused by the next allocation and the replay reads its bytes: on the H200 a verify
+            # step's counts became garbage once a neighbour step was freed, a device-side
+            # assert in the commit's gather, perf notes run Y)
+            g.state, g.base, g.decode = state, base, decode
 
             def run() -> None:
                 g.graph.replay()
