@@ -172,3 +172,11 @@ def scope_batch_sizes(spec: Any, tier: Any) -> list[int]:
 def scope_max_batch(spec: Any, tier: Any) -> int:
     """The fast path's largest declared batch (spec scope; the tier only slices what it tests)."""
     return scope_batch_sizes(spec, tier)[-1]
+
+
+def verify_batch(spec: Any, tier: Any, draft: int, want: int) -> int:
+    """The largest batch up to ``want`` whose verify step at ``draft`` (batch x (draft + 1) rows)
+    the fast path serves: within scope.max_verify_rows (none declared: the largest batch's rows)."""
+    sc = getattr(spec, "scope", None) or {}
+    limit = sc.get("max_verify_rows") or scope_max_batch(spec, tier)
+    return max(1, min(int(want), int(limit) // (int(draft) + 1)))

@@ -59,9 +59,11 @@ def main() -> None:
         F.test_sampling_distribution(sampling, engine, spec, tier, models, gate, record)
 
     run("1 sampling fresh", sampling_case)
-    run("2 speculative sampled-d7", lambda record: F._spec_sampled(7, sizes, engine, models, gate, record))
+    run("2 speculative sampled-d7", lambda record: F._spec_sampled(
+        7, sizes, engine, models, gate, record, F.H.verify_batch(spec, tier, 7, sizes["draws"])))
     run("3 sampling after speculation", sampling_case)
-    run("4 speculative greedy-d3", lambda record: F._spec_greedy(3, sizes, models, tier, record, engine.components()))
+    run("4 speculative greedy-d3", lambda record: F._spec_greedy(
+        3, sizes, models, tier, record, engine.components(), F.H.verify_batch(spec, tier, 3, sizes["batch"])))
 
 
 if __name__ == "__main__":

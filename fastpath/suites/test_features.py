@@ -156,7 +156,7 @@ def _row_valid(kind: str | None, req: GenerationRequest, result) -> tuple[bool, 
 
 
 @pytest.mark.fastpath(kind="structured", gate="features_structured_output")
-def test_structured_output(case, fp_engine, fp_models, fp_gate, record):
+def test_structured_output(case, fp_engine, fp_spec, fp_tier, fp_models, fp_gate, record):
     cfg = H.case_config(case)
     kind, mode = cfg["structured"], cfg["mode"]
     draft = int(cfg.get("draft", 0))
@@ -165,6 +165,9 @@ def test_structured_output(case, fp_engine, fp_models, fp_gate, record):
     fast, std = fp_models["fast"], fp_models["standard"]
     temp = 0.0 if mode == "greedy" else STRUCT_TEMPERATURE
     rows = structured_batch(kind, temp, fast.tokenizer)
+    # with a draft, the verify steps' rows within the spec's max_verify_rows (its first 4 rows
+    # still mix both grammars, an unconstrained row and different finishing steps)
+    rows = rows[:H.verify_batch(fp_spec, fp_tier, draft, len(rows))] if draft else rows
     reqs = [r for _, r in rows]
     with trace.recording() as rec:
         out_fast = SC.generate(fast, reqs, SC.ngram(draft)) if draft else fast.generate(reqs)
@@ -507,10 +510,10 @@ def _spec_sizes(fp_tier) -> dict:
     return SPEC_SIZES["full" if H.tier_name(fp_tier) == "full" else "smoke"]
 
 
-def _spec_greedy(k, sizes, fp_models, fp_tier, record, components):
+def _spec_greedy(k, sizes, fp_models, fp_tier, record, components, batch):
     """Per path: greedy token ids identical with and without n-gram drafts, drafts verified
     (fast path: the verify kernels at K + 1 tokens); the n-gram acceptance length reported."""
-    prompts = SC.prompts(fp_models["standard"], H.tier_name(fp_tier), sizes["batch"])
+    prompts = SC.prompts(fp_models["standard"], H.tier_name(fp_tier), batch)
     for path in ("standard", "fast"):
         n = sizes["max_tokens"][path]
         reqs = [GenerationRequest(prompt_ids=p, max_tokens=n, ignore_eos=True) for p in prompts]
@@ -532,13 +535,13 @@ def _spec_greedy(k, sizes, fp_models, fp_tier, record, components):
                        else f"{SC.SMOKE_TEXT!r} + the model's own greedy continuation"}, **base)
 
 
-def _spec_synthetic(k, sizes, fp_models, fp_tier, record, components):
+def _spec_synthetic(k, sizes, fp_models, fp_tier, record, components, batch):
     """The synthetic drafter's acceptance length on the fast path, measured (labelled synthetic)."""
     fast = fp_models["fast"]
     target = max(1.0, SYNTHETIC_ACCEPTANCE * (k + 1))
     steps = sizes["synthetic_steps"]
     reqs = [GenerationRequest(prompt_ids=p, max_tokens=1 + int(target * steps), ignore_eos=True)
-            for p in SC.prompts(fp_models["standard"], H.tier_name(fp_tier), sizes["batch"])]
+            for p in SC.prompts(fp_models["standard"], H.tier_name(fp_tier), batch)]
     cfg = {"method": "synthetic", "num_speculative_tokens": k, "acceptance_length": target}
     with trace.recording() as rec:
         out = SC.generate(fast, reqs, cfg)
@@ -550,7 +553,7 @@ def _spec_synthetic(k, sizes, fp_models, fp_tier, record, components):
                    "verify_launches_at_k_plus_1": launches}, **base)
 
 
-def _spec_sampled(k, sizes, fp_engine, fp_models, fp_gate, record):
+def _spec_sampled(k, sizes, fp_engine, fp_models, fp_gate, record, batch):
     """Second tokens sampled at temperature > 0 with drafts (the rejection sampler judged them) keep normal decoding's distribution: pooled G-test against softmax(logits / T) of the
     same path's teacher-forced logits, at alpha. On CPU the standard path draws them: a verify
     step takes seconds in Triton's interpreter, and the acceptance rule is the same code on both
@@ -561,7 +564,7 @@ def _spec_sampled(k, sizes, fp_engine, fp_models, fp_gate, record):
     tok = model.tokenizer
     prompt = SC.prompts(model, "smoke", 1)[0]
     draws = sizes["draws"]
-    batch = min(draws, 64 // (k + 1))  # B x (K + 1) verify rows within the fast path's 64
+    batch = min(draws, batch)
     # the synthetic drafter at full acceptance drafts the target's greedy continuation at every
     # step (an n-gram match after a random first token is rare): the rejection rule always judges
     drafter = {"method": "synthetic", "num_speculative_tokens": k, "acceptance_length": k + 1}
@@ -584,14 +587,17 @@ def _spec_sampled(k, sizes, fp_engine, fp_models, fp_gate, record):
 
 
 @pytest.mark.fastpath(kind="speculative", gate="features_speculative")
-def test_speculative(case, fp_engine, fp_tier, fp_models, fp_gate, record):
+def test_speculative(case, fp_engine, fp_spec, fp_tier, fp_models, fp_gate, record):
     cfg = H.case_config(case)
     k, sizes = int(cfg["draft"]), _spec_sizes(fp_tier)
+    # verify steps the fast path serves: batch x (K + 1) rows within the spec's max_verify_rows
     if cfg["check"] == "greedy":
-        _spec_greedy(k, sizes, fp_models, fp_tier, record, fp_engine.components())
+        _spec_greedy(k, sizes, fp_models, fp_tier, record, fp_engine.components(),
+                     H.verify_batch(fp_spec, fp_tier, k, sizes["batch"]))
     elif cfg["check"] == "synthetic":
-        _spec_synthetic(k, sizes, fp_models, fp_tier, record, fp_engine.components())
-    elif cfg["check"] == "sampled":
-        _spec_sampled(k, sizes, fp_engine, fp_models, fp_gate, record)
+        _spec_synthetic(k, sizes, fp_models, fp_tier, record, fp_engine.components(),
+                        H.verify_batch(fp_spec, fp_tier, k, sizes["batch"]))
+    elif cfg["check"] == "sampled":  # as many rows as fit: draws / batch generations
+        _spec_sampled(k, sizes, fp_engine, fp_models, fp_gate, record, H.verify_batch(fp_spec, fp_tier, k, sizes["draws"]))
     else:
         raise ValueError(f"speculative check {cfg['check']!r}: the plan makes greedy, synthetic or sampled")
