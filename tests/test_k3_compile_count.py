@@ -5,30 +5,39 @@ more compile serves every larger batch at every context."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from optimized_model.k3.model import K3Model
 from optimized_model.k3.runner import K3Runner
 
 
-def compiles_after_each(monkeypatch, shapes):
-    from torch._dynamo.testing import CompileCounter
-
-    counter = CompileCounter()
+@contextmanager
+def tiny_runner_counting_compiles(monkeypatch, counter, **runner_options):
+    """A tiny bf16 runner whose ``torch.compile`` goes to ``counter`` (a dynamo test backend),
+    dynamo reset before and after."""
     real = torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, mode=None, **kw: real(fn, backend=counter))
     torch._dynamo.reset()
     try:
         model = K3Model.build("tiny", device="cpu", dtype=torch.bfloat16, seed=0)
-        runner = K3Runner(model, use_graphs=False, compile_mode="default")
+        yield K3Runner(model, use_graphs=False, compile_mode="default", **runner_options)
+    finally:
+        torch._dynamo.reset()
+
+
+def compiles_after_each(monkeypatch, shapes):
+    from torch._dynamo.testing import CompileCounter
+
+    counter = CompileCounter()
+    with tiny_runner_counting_compiles(monkeypatch, counter) as runner:
         seen = []
         for batch, context in shapes:
             state, tokens = runner._bench_inputs(batch, context, seed=0)
             runner._compiled_decode()(tokens, state)
             seen.append(counter.frame_count)
         return seen
-    finally:
-        torch._dynamo.reset()
 
 
 def test_one_compile_for_batch_one_and_one_for_every_larger_batch(monkeypatch):
@@ -49,12 +58,7 @@ def test_compiled_verify_step_traces_and_computes_the_eager_verify(monkeypatch):
     from torch._dynamo.testing import CompileCounterWithBackend
 
     counter = CompileCounterWithBackend("aot_eager")
-    real = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn, mode=None, **kw: real(fn, backend=counter))
-    torch._dynamo.reset()
-    try:
-        model = K3Model.build("tiny", device="cpu", dtype=torch.bfloat16, seed=0)
-        runner = K3Runner(model, use_graphs=False, compile_mode="default", compile_verify=True)
+    with tiny_runner_counting_compiles(monkeypatch, counter, compile_verify=True) as runner:
         seen = []
         for batch, draft in ((1, 3), (2, 3), (4, 7), (2, 7), (8, 3)):
             state, tokens = runner._bench_inputs(batch, 40, seed=1, draft=draft)
@@ -69,5 +73,3 @@ def test_compiled_verify_step_traces_and_computes_the_eager_verify(monkeypatch):
                 assert torch.equal(a, b)
             seen.append(counter.frame_count)
         assert seen[0] > 0 and seen[-1] == seen[2], seen  # after the first general shape: no recompile
-    finally:
-        torch._dynamo.reset()

@@ -59,11 +59,12 @@ def test_layer_gap_and_launch_shortfall_rules():
         cap = p + coverage.PRODUCTION_TOKENS + 1
         assert cap % 256 == 0 and -(-(p + 1) // 64) * 64 == cap and batch * p <= max(
             256 * batch, coverage.PRODUCTION_PREFILL_TOKENS)
-    # at draft d: the generation reserves its steps of d + 1 tokens and a window's overrun of d
+    # at draft d: the generation reserves one token a step (its drafts are never accepted) and a
+    # window's overrun of d
     for batch, context, d in ((1, 1024, 3), (16, 8192, 3), (8, 1024, 7), (1, 16, 7)):
         p = coverage.production_prompt(batch, context, d)
         cap = p + coverage.production_tokens(d) + 1
-        assert coverage.production_tokens(d) == coverage.PRODUCTION_TOKENS + (coverage.PRODUCTION_TOKENS - 1) * d + d
+        assert coverage.production_tokens(d) == coverage.PRODUCTION_TOKENS + d
         assert cap % 256 == 0 and -(-(p + d + 1) // 64) * 64 == cap
 
 

@@ -241,10 +241,14 @@ def _narrowed_plan(root: Path, spec: Path, env: dict, run_dir: Path, sel: Select
         raise RuntimeError(f"fastpath plan failed: {proc.stderr[-400:]}")
     plan = json.loads(proc.stdout)
     if sel.kernel:
-        for c in plan["cases"]:
-            if c["suite"] == "kernels" and c["kind"] == "kernel":
-                c["config"]["kernel"] = sel.kernel
-                c["case_id"] = f"kernels/kernel/{sel.kernel}-{c['config'].get('dtype')}"
+        # the spec's case of that kernel ([kernels] names), else its registry case narrowed to it
+        kernel_cases = [c for c in plan["cases"] if c["suite"] == "kernels" and c["kind"] == "kernel"]
+        named = [c for c in kernel_cases if c["config"].get("kernel") == sel.kernel]
+        keep = named or [c for c in kernel_cases if c["config"].get("kernel") is None and not c["config"].get("except")]
+        for c in keep:
+            c["config"]["kernel"] = sel.kernel
+            c["case_id"] = f"kernels/kernel/{sel.kernel}-{c['config'].get('dtype')}"
+        plan["cases"] = [c for c in plan["cases"] if c not in kernel_cases or c in keep]
     path = run_dir / "plan.json"
     path.write_text(json.dumps(plan))
     return path
