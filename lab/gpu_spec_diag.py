@@ -13,12 +13,11 @@ trained model, printing each case's verdict rows:
 
 from __future__ import annotations
 
-import time
-
 from fastpath.engine import create_engine
 from fastpath.pytest_plugin import LazyModels
 from fastpath.spec import load_spec
 from fastpath.suites import test_features as F
+from lab.gpu_draft_diag import run
 
 SPEC = "optimized_model/k3/fastpath.toml"
 
@@ -32,25 +31,6 @@ def main() -> None:
 
     def gate(name: str) -> dict:
         return dict(spec.gates.settings[name])
-
-    def run(label: str, fn, *args) -> None:
-        rows: list[dict] = []
-
-        def record(g, metric, value, **kw):
-            rows.append({"gate": g, "metric": metric, "value": value, **kw})
-            return True
-
-        t = time.monotonic()
-        try:
-            fn(*args, record)
-        except Exception as exc:  # report and go on: each step is evidence on its own
-            print(f"{label}: raised {type(exc).__name__}: {exc}", flush=True)
-        for r in rows:
-            if r.get("status") == "info":
-                continue
-            print(f"{label}: {r['metric']} = {r['value']} passed={r.get('passed')} path={r.get('path')} "
-                  f"{(r.get('message') or '')[:300]}", flush=True)
-        print(f"{label}: {time.monotonic() - t:.0f} s", flush=True)
 
     sampling = {"case_id": "features/sampling/temperature", "config": {}}
     sizes = F.SPEC_SIZES["full"]
