@@ -2,12 +2,13 @@
 grid and duration, and the idle gaps between kernels on the main stream (GPU only).
 
     python3 -m lab.gpu_step_timeline [--batches 1,64] [--context 1024] [--path fast] \
-        [--patch '{"l2_prefetch": {"kda_o": 1.0}}']
+        [--drafts 0,3] [--patch '{"l2_prefetch": {"kda_o": 1.0}}']
 
 Where the step time goes that no per-kernel sum shows: a step of ~100 short kernels can lose
 a large share of its time between kernels (launch latency inside the graph, ramp-up and tail of
 each kernel). Prints per batch: step wall time, busy time per stream, total main-stream gap, the
-kernels in order (µs, grid), and writes $OUT/timeline.json when OUT is set. ``--patch`` applies
+kernels in order (µs, grid), and writes $OUT/timeline.json when OUT is set. ``--drafts`` gives
+each batch verify steps too (draft d: a step of batch × (d + 1) rows). ``--patch`` applies
 a tuning-table patch {kernel: {field: value}} to the bucket serving each batch (as
 gpu_table_ab.py's variants do).
 """
@@ -65,6 +66,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,64")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--path", default="fast")
+    ap.add_argument("--drafts", default="0", help="draft lengths, comma list (0: a decode step)")
     ap.add_argument("--patch", default="{}", help="JSON {kernel: {field: value}} for the batch's bucket")
     args = ap.parse_args()
     patch = parse_patch(args.patch, "--patch")
@@ -72,9 +74,10 @@ def main() -> None:
     engine = create_engine("embedded", config="mini", device="cuda", dtype="bfloat16")
     model = engine.load(args.path, additional_config=dispatch.switch_config())
     out = []
-    for b in [int(x) for x in args.batches.split(",")]:
+    shapes = [(int(b), int(d)) for b in args.batches.split(",") for d in args.drafts.split(",")]
+    for b, d in shapes:
         with patched(table, patch, b):  # the step is captured and replayed under the patch
-            step = model.decode_step(b, args.context)
+            step = model.decode_step(b, args.context, d)
             for _ in range(5):
                 step()
             torch.cuda.synchronize()
@@ -87,9 +90,9 @@ def main() -> None:
             prof.export_chrome_trace(tf.name)
             ks = kernels_of(tf.name)
         res = analyse(one_step(ks, n))
-        res.update(batch=b, context=args.context, path=args.path, patch=patch)
+        res.update(batch=b, draft=d, context=args.context, path=args.path, patch=patch)
         out.append(res)
-        print(f"\n== {args.path} batch {b} ctx {args.context}: wall {res['wall_us']:.0f} us, "
+        print(f"\n== {args.path} batch {b} draft {d} ctx {args.context}: wall {res['wall_us']:.0f} us, "
               f"{res['launches']} launches, busy per stream {res['busy_us']}, "
               f"main-stream gaps {res['main_gap_us']:.0f} us")
         for k in res["kernels"]:
