@@ -67,9 +67,13 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--path", default="fast")
     ap.add_argument("--drafts", default="0", help="draft lengths, comma list (0: a decode step)")
+    ap.add_argument("--max-verify-rows", type=int, default=0,
+                    help="profile verify steps past the spec's max_verify_rows (the buffers cover 64)")
     ap.add_argument("--patch", default="{}", help="JSON {kernel: {field: value}} for the batch's bucket")
     args = ap.parse_args()
     patch = parse_patch(args.patch, "--patch")
+    if args.max_verify_rows:
+        dispatch.scope()["max_verify_rows"] = args.max_verify_rows  # the cached scope, this process only
     table = tuning.table_for("cuda")
     engine = create_engine("embedded", config="mini", device="cuda", dtype="bfloat16")
     model = engine.load(args.path, additional_config=dispatch.switch_config())
