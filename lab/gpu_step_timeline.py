@@ -45,6 +45,17 @@ def one_step(ks: list[dict], n_steps: int) -> list[dict]:
     return ks[max(gaps):]
 
 
+def per_name(ks: list[dict], n_steps: int) -> list[tuple[str, float, float]]:
+    """(kernel name, µs per step, launches per step) over all ``n_steps`` profiled steps, largest
+    first: does not depend on finding a step's boundaries."""
+    tot: dict = {}
+    for k in ks:
+        t = tot.setdefault(k["name"], [0.0, 0])
+        t[0] += k["dur"]
+        t[1] += 1
+    return sorted(((nm, us / n_steps, c / n_steps) for nm, (us, c) in tot.items()), key=lambda r: -r[1])
+
+
 def analyse(step: list[dict]) -> dict:
     t0 = step[0]["ts"]
     end = max(k["ts"] + k["dur"] for k in step)
@@ -94,11 +105,15 @@ def main() -> None:
             prof.export_chrome_trace(tf.name)
             ks = kernels_of(tf.name)
         res = analyse(one_step(ks, n))
+        res["per_name"] = per_name(ks, n)
         res.update(batch=b, draft=d, context=args.context, path=args.path, patch=patch)
         out.append(res)
         print(f"\n== {args.path} batch {b} draft {d} ctx {args.context}: wall {res['wall_us']:.0f} us, "
               f"{res['launches']} launches, busy per stream {res['busy_us']}, "
               f"main-stream gaps {res['main_gap_us']:.0f} us")
+        print(f"  per step by kernel (all {n} steps): {sum(r[1] for r in res['per_name']):.0f} us busy")
+        for nm, us, c in res["per_name"][:14]:
+            print(f"    {us:8.1f} us  x{c:5.1f}  {nm[:50]}")
         for k in res["kernels"]:
             side = "" if k["stream"] == res["main_stream"] else "  [side]"
             print(f"  {k['ts']:8.1f} {k['dur']:7.1f} us  {k['name'][:40]:40s} grid={k['grid']}{side}")
