@@ -16,6 +16,7 @@ from optimized_model.k3.engine import EmbeddedEngine
 from optimized_model.k3.fast import dispatch
 from optimized_model.k3.fast.kernels import kda_verify as KV
 from optimized_model.k3.fast.kernels import mla_verify as MV
+from optimized_model.k3.fast.kernels import verify_commit as VC
 from optimized_model.k3.model import K3Model
 from optimized_model.k3.tokenizer import K3Tokenizer
 
@@ -36,11 +37,25 @@ def _noise_floor_ok(entry, fast, std, orc, dtype):
 def test_kernel_entries_within_the_noise_floor(dtype):
     for mod in (KV, MV):
         entry = mod.kernel_entry("cpu")
-        for shape in entry.shapes[::2]:
+        split = [sh for sh in entry.shapes if sh.get("block_v")]  # kda_verify's V split, every one
+        for shape in entry.shapes[::2] + [sh for sh in split if sh not in entry.shapes[::2]]:
             for vc in entry.value_classes:
                 inp = mod.make_inputs(shape, vc, dtype, "cpu", 0)
                 out = lambda r: r if isinstance(r, tuple) else (r,)  # noqa: E731
                 _noise_floor_ok(entry, out(mod.fast(**inp)), out(mod.standard(**inp)), out(mod.oracle(**inp)), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_fast_commit_is_the_standard_commit_bit_for_bit(dtype):
+    """Every shape (block tails, keep 1 and T) and value class: a commit only copies and clears."""
+    entry = VC.kernel_entry("cpu")
+    for i, shape in enumerate(entry.shapes):
+        for vc in entry.value_classes:
+            inp = VC.make_inputs(shape, vc, dtype, "cpu", i)
+            got, want = VC.fast(**inp), VC.standard(**inp)
+            for name, a, b in zip(("kda", "conv", "latent", "lengths"), got, want):
+                assert torch.equal(a, b), (shape, vc, name)
+            assert not torch.equal(want[2], inp["latent"]) or bool((inp["keep"] == shape["tokens"]).all())
 
 
 def test_registry_lists_the_verify_kernels():
@@ -48,8 +63,10 @@ def test_registry_lists_the_verify_kernels():
 
     names = {e.name: e for e in registry.kernels()}
     assert names["kda_verify"].component == "kda_decode" and names["mla_verify"].component == "mla_decode"
+    assert names["verify_commit"].verify_variants == ["triton_commit"]
     comps = {c.name: c for c in registry.components()}
     assert r"kda_verify_kernel" in comps["kda_decode"].fast_kernel_patterns
+    assert r"fp_keep_state_kernel" in comps["kda_decode"].fast_kernel_patterns
     assert r"mla_verify_split_kernel" in comps["mla_decode"].fast_kernel_patterns
 
 
@@ -88,7 +105,13 @@ def test_fast_verify_and_commit_match_the_standard_path(dtype, T):
     assert not any(v.startswith("refused") for c, vs in comps.items() if c != "decode_graph" for v in vs)
     keep = torch.tensor([1, T, 2])
     m.commit(st, trail_s, keep)
-    m.commit(st_fast, trail_f, keep)
+    st_torch = st_fast.clone()
+    m.commit(st_torch, trail_f, keep)  # the fast trail is a VerifyTrail too
+    with trace.recording() as rec:
+        trail_f.commit(st_fast, keep)  # the fast kernels' commit: bit for bit the same
+    assert rec.components()["kda_decode"] == {"triton_commit"}
+    for name, a, b in zip(("conv", "kda", "latent", "lengths"), st_torch.tensors(), st_fast.tensors()):
+        assert torch.equal(a, b), name
     atol = 1e-4 if dtype == torch.float32 else 2e-2
     for name, a, b in zip(("conv", "kda", "latent", "lengths"), st.tensors(), st_fast.tensors()):
         assert (a.float() - b.float()).abs().max().item() <= atol, name

@@ -172,8 +172,13 @@ class K3Runner:
         return self.model.verify(tokens.to(self.device), state)
 
     def commit(self, state: DecodeState, trail, keep: list[int]) -> None:
-        """Keep the first ``keep[b]`` tokens of the last verify step in sequence b."""
-        self.model.commit(state, trail, torch.tensor(keep, dtype=torch.long, device=self.device))
+        """Keep the first ``keep[b]`` tokens of the last verify step in sequence b (a fast
+        verify step's trail commits on the fast kernels: ``FastTrail.commit``)."""
+        kept = torch.tensor(keep, dtype=torch.long, device=self.device)
+        if hasattr(trail, "commit"):
+            trail.commit(state, kept)
+        else:
+            self.model.commit(state, trail, kept)
         state.max_len += max(keep)
 
     # -- teacher-forced scoring ---------------------------------------------------------------

@@ -41,7 +41,7 @@ def make_decode_step(dec: Any, batch: int, context: int, draft: int = 0, seed: i
 
     def sample():
         if draft:  # keep every token (the standard path's benchmark verify step does the same)
-            dec.model.commit(state, step.trail, keep)
+            step.trail.commit(state, keep)
         sample_tensors(bufs.logits, s_temp, s_topk, s_topp, s_noise, None,
                        n_valid=dec.cfg.n_real_tokens, out_tokens=s_tok, out_logprobs=s_lp)
         trace.engaged("sampler", dec.sampler.variant + ("" if dec.on_cuda else "_interp"),

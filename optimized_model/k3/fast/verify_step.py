@@ -8,7 +8,8 @@ the window's T latents at lengths[b] .. lengths[b]+T-1 and attends causally (``m
 
 Like ``K3Model.verify`` the step leaves ``state.lengths`` as it was, ends the KDA states after
 all T tokens and fills a ``VerifyTrail`` (static buffers: conv windows, per-token states) in
-the standard path's layout, so ``K3Model.commit`` keeps each row's accepted prefix for both.
+the standard path's layout, so ``K3Model.commit`` keeps each row's accepted prefix for both;
+``FastTrail.commit`` does the same on the fast kernels.
 """
 
 from __future__ import annotations
@@ -25,15 +26,31 @@ from .packed import PackedLayer, columns
 from .step import DecodeStep
 
 
-def new_trail(cfg: Any, B: int, T: int, device, dtype) -> VerifyTrail:
+class FastTrail(VerifyTrail):
+    """The fast verify step's trail: ``VerifyTrail``'s per-layer lists are views of one tensor
+    each (``states`` [n_kda, B, T, H, K, V] fp32, ``window`` [n_kda, B, 3d, W-1+T]), so
+    ``commit`` keeps every layer's accepted prefix in two launches (kernels/verify_commit.py)."""
+
+    def __init__(self, T: int, states: torch.Tensor, window: torch.Tensor):
+        super().__init__(T)
+        self.states, self.window = states, window
+        self.kda, self.conv = list(states.unbind(0)), list(window.unbind(0))
+
+    def commit(self, state: Any, keep: torch.Tensor) -> None:
+        """``K3Model.commit(state, self, keep)``, bit for bit, on the fast kernels."""
+        from .kernels.verify_commit import commit
+
+        commit(state.kda, state.conv, state.latent, state.lengths, self.states, self.window,
+               keep.to(state.lengths.device, torch.int64))
+
+
+def new_trail(cfg: Any, B: int, T: int, device, dtype) -> FastTrail:
     """The trail's static buffers: per KDA layer (slot order) its conv input window
     [B, 3d, W-1+T] and its state after each token [B, T, H, K, V] fp32."""
-    trail = VerifyTrail(T)
     H, K, Wc = cfg.kda_heads, cfg.kda_head_dim, cfg.kda_conv
-    for _ in range(cfg.n_kda):
-        trail.conv.append(torch.empty(B, 3 * cfg.kda_dim, Wc - 1 + T, dtype=dtype, device=device))
-        trail.kda.append(torch.empty(B, T, H, K, K, dtype=torch.float32, device=device))
-    return trail
+    states = torch.empty(cfg.n_kda, B, T, H, K, K, dtype=torch.float32, device=device)
+    window = torch.empty(cfg.n_kda, B, 3 * cfg.kda_dim, Wc - 1 + T, dtype=dtype, device=device)
+    return FastTrail(T, states, window)
 
 
 class VerifyStep(DecodeStep):

@@ -1,0 +1,107 @@
+"""The verify step's KDA kernels on the H200: ``kda_verify`` at each V-tile width and the fast
+commit (``verify_commit``) against ``K3Model.commit``'s torch ops, each checked against its
+references (the kernels suite's rule: error to the fp32 oracle within max(atol floor, k x the
+standard path's)) and timed (CUDA graph of 20 launches, median of 5 rounds).
+
+    python3 -m lab.gpu_verify_kernels [--shapes 8x4,16x4,4x8] [--block-v 0,128,64,32,16]
+
+block_v 0 is the kernel's default (``choose_block_v``). Prints one table per kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+from fastpath.measure import time_calls
+from optimized_model.k3.fast.kernels import kda_verify as KV
+from optimized_model.k3.fast.kernels import verify_commit as VC
+
+K3 = dict(heads=32, head_k=128, head_v=128)
+
+
+def graph_us(fn, n: int = 20, rounds: int = 5) -> float:
+    """µs per call of ``fn`` replayed ``n`` times inside one CUDA graph."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            fn()
+    g.replay()
+    return 1e6 * statistics.median(time_calls(g.replay, 1) for _ in range(rounds)) / n
+
+
+def worst(got, ref) -> float:
+    return max(float((a.float() - b.float()).abs().max()) for a, b in zip(got, ref))
+
+
+def kda_verify_table(shapes: list[tuple[int, int]], tiles: list[int]) -> None:
+    entry = KV.kernel_entry("cuda")
+    floor = entry.atol_floor["bfloat16"]
+    print("| batch | T | block_v | µs | err vs oracle | k x std err | ok |")
+    print("|---:|---:|---:|---:|---:|---:|---|")
+    for B, T in shapes:
+        base = KV.make_inputs(dict(batch=B, tokens=T, rank=128, **K3), "normal", torch.bfloat16, "cuda", 0)
+        std, orc = KV.standard(**base), KV.oracle(**base)
+        tol = max(floor, entry.k * worst(std, orc))
+        for bv in tiles:
+            inp = dict(base, block_v=bv or None)
+            err = worst(KV.fast(**inp), orc)
+            # timed in place on one input set (the state advances; the work per launch is the same)
+            args = dict(inp)
+            args["state"] = inp["state"].clone()
+            H, K, V = K3["heads"], K3["head_k"], K3["head_v"]
+            args["states"] = torch.empty(B, T, H, K, V, dtype=torch.float32, device="cuda")
+            W = inp["conv_wq"].shape[-1]
+            args["window"] = torch.empty(B, H * (2 * K + V), W - 1 + T, dtype=torch.bfloat16, device="cuda")
+            names = ("q", "k", "v", "f", "b", "gate", "conv_q", "conv_k", "conv_v", "conv_wq", "conv_wk",
+                     "conv_wv", "A_log", "dt_bias", "state", "norm_weight")
+            pos = [args.pop(n, None) for n in names]
+            out = torch.empty(B * T, H * V, dtype=torch.bfloat16, device="cuda")
+            us = graph_us(lambda: KV.kda_verify(*pos, out=out, **args))
+            print(f"| {B} | {T} | {bv or 'default'} | {us:.1f} | {err:.2e} | {tol:.2e} | "
+                  f"{'yes' if err <= tol else 'NO'} |", flush=True)
+
+
+def commit_table(shapes: list[tuple[int, int]], context: int) -> None:
+    print("| batch | T | fast µs | torch µs (K3Model.commit) | bit-equal |")
+    print("|---:|---:|---:|---:|---|")
+    cap = -(-(context + 8) // 64) * 64
+    for B, T in shapes:
+        shape = dict(batch=B, tokens=T, kda_layers=6, mla_layers=2, heads=32, head_k=128, channels=12288,
+                     latent=576, capacity=cap)
+        inp = VC.make_inputs(shape, "normal", torch.bfloat16, "cuda", 0)
+        inp["lengths"].fill_(context)
+        same = all(torch.equal(a, b) for a, b in zip(VC.fast(**inp), VC.standard(**inp)))
+        st = {k: inp[k].clone() for k in ("kda", "conv", "latent", "lengths")}
+        base = inp["lengths"].clone()
+
+        def fast_once():
+            st["lengths"].copy_(base)
+            VC.commit(st["kda"], st["conv"], st["latent"], st["lengths"], inp["states"], inp["window"], inp["keep"])
+
+        model_cls, owner, state, trail = VC._state_and_trail(inp)
+
+        def torch_once():
+            state.lengths.copy_(base)
+            model_cls.commit_tensors(owner, state, trail, inp["keep"])
+
+        print(f"| {B} | {T} | {graph_us(fast_once):.1f} | {graph_us(torch_once):.1f} | {same} |", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="1x4,8x4,16x4,4x8,8x8,16x8", help="BATCHxT, comma list")
+    ap.add_argument("--block-v", default="0,128,64,32,16")
+    ap.add_argument("--context", type=int, default=8192, help="the commit's context (latent cache size)")
+    a = ap.parse_args()
+    shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
+    kda_verify_table(shapes, [int(x) for x in a.block_v.split(",")])
+    commit_table(shapes, a.context)
+
+
+if __name__ == "__main__":
+    main()
