@@ -53,16 +53,16 @@ def fp_keep_state_kernel(
     b = (lb % B).to(tl.int64)
     kept = tl.load(KEEP + b)
     if blk < NS:  # the kept state, a flat row of N = H*K*V fp32
-        o = blk.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        m = o < N
-        x = tl.load(TS + lay * sT_l + b * sT_b + (kept - 1) * sT_t + o, mask=m)
-        tl.store(S + lay * sS_l + b * sS_b + o, x, mask=m)
+        # (each branch names its own values: a compiled if needs one type per name)
+        off = blk.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(TS + lay * sT_l + b * sT_b + (kept - 1) * sT_t + off, mask=off < N)
+        tl.store(S + lay * sS_l + b * sS_b + off, x, mask=off < N)
     else:  # the conv state: the W-1 inputs that end at the last kept token
         c = (blk - NS).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
         j = tl.arange(0, WP)
-        m = (c[:, None] < C3) & (j[None, :] < W1)
-        x = tl.load(WIN + lay * sw_l + b * sw_b + c[:, None] * sw_c + (kept + j[None, :]) * sw_j, mask=m)
-        tl.store(CONV + lay * sc_l + b * sc_b + c[:, None] * sc_c + j[None, :] * sc_j, x, mask=m)
+        mc = (c[:, None] < C3) & (j[None, :] < W1)
+        xc = tl.load(WIN + lay * sw_l + b * sw_b + c[:, None] * sw_c + (kept + j[None, :]) * sw_j, mask=mc)
+        tl.store(CONV + lay * sc_l + b * sc_b + c[:, None] * sc_c + j[None, :] * sc_j, xc, mask=mc)
 
 
 @triton.jit
