@@ -201,7 +201,7 @@ def kda_verify(
     if out is None:
         out = torch.empty((M, H * V), dtype=v.dtype, device=v.device)
     BK, BVF = triton.next_power_of_2(K), triton.next_power_of_2(V)
-    BV = min(block_v or choose_block_v(B, H, V, KD._sm_count(v.device)), BVF)
+    BV = min(block_v or choose_block_v(B, H, V, T), BVF)
     NV = triton.cdiv(V, BV)
     if NV > 1:
         o_ws = torch.empty((M, H, V), dtype=torch.float32, device=v.device)
@@ -226,14 +226,19 @@ def kda_verify(
     return out
 
 
-def choose_block_v(batch: int, heads: int, v_dim: int, sm_count: int | None = None) -> int:
-    """V-tile width: split V (down to 32 columns, a 128-byte fp32 row segment) until B*H*NV
-    programs make ~8 waves of SMs: each program's T tokens are a serial chain, so the GPU needs
-    many of them in flight to hide it."""
-    target = 8 * (sm_count or 132)
-    nv = 1
-    while batch * heads * nv < target and v_dim // (nv * 2) >= 32:
-        nv *= 2
+def choose_block_v(batch: int, heads: int, v_dim: int, tokens: int) -> int:
+    """V-tile width, from the H200 sweep of lab/gpu_verify_kernels.py (perf notes, run Z; K3-mini
+    heads, V = 128): T <= 4 tokens, 4 tiles at every batch (1.4-2.1x the unsplit kernel); T = 8,
+    fewer, wider tiles as the batch grows (8 tiles at B*H = 32, 4 at 64, 2 from 128 on), since
+    each tile program re-forms q and k for every token and the head's last program normalises T
+    rows. Tiles stay >= 16 columns."""
+    if tokens <= 4:
+        nv = 4
+    else:
+        bh = batch * heads
+        nv = 2 if bh >= 128 else 4 if bh >= 64 else 8
+    while nv > 1 and v_dim // nv < 16:
+        nv //= 2
     return triton.next_power_of_2(-(-v_dim // nv))
 
 
