@@ -28,13 +28,15 @@ def test_registry_declares_the_verify_kernels_apart_from_the_decode_kernels():
     from optimized_model.k3.fast import registry
 
     comps = {c.name: c for c in registry.components()}
-    assert comps["kda_decode"].verify_variants == ["triton_verify", "triton_verify_low_rank"]
-    assert comps["kda_decode"].verify_kernel_patterns == ["kda_verify_kernel"]
+    # the commit closes the verify step: its kernels are verify kernels of the KDA component
+    assert comps["kda_decode"].verify_variants == ["triton_verify", "triton_verify_low_rank", "triton_commit"]
+    verify_kda = ["kda_verify_kernel", "fp_keep_state_kernel", "fp_drop_rejected_kernel"]
+    assert comps["kda_decode"].verify_kernel_patterns == verify_kda
     # the combine kernel is shared with the decode kernel: it proves nothing about a verify step
     assert comps["mla_decode"].verify_kernel_patterns == ["mla_verify_split_kernel"]
     assert all(not c.verify_variants for n, c in comps.items() if n not in ("kda_decode", "mla_decode"))
     assert coverage.fast_patterns(comps["kda_decode"], 0) == comps["kda_decode"].fast_kernel_patterns
-    assert coverage.fast_patterns(comps["kda_decode"], 3) == ["kda_verify_kernel"]
+    assert coverage.fast_patterns(comps["kda_decode"], 3) == verify_kda
 
 
 def test_verify_gaps_name_decode_variants_and_missing_layers():
@@ -84,8 +86,8 @@ def test_decode_case_at_draft_3_sees_the_verify_kernels(fast_tiny):
     # on CPU the whole-step graph is refused (no_cuda): waived, the only component that is
     assert {r.get("component") for r in rows if r.get("status") == "waived"} == {"decode_graph"}
     kda = _row(rows, "coverage_fast_path_fired", "kda_decode")
-    assert kda["passed"] and kda["detail"]["variants"] == ["triton_verify"] and kda["draft"] == 3
-    assert kda["detail"]["verify_variants_expected"] == ["triton_verify", "triton_verify_low_rank"]
+    assert kda["passed"] and kda["detail"]["variants"] == ["triton_commit", "triton_verify"] and kda["draft"] == 3
+    assert kda["detail"]["verify_variants_expected"] == ["triton_verify", "triton_verify_low_rank", "triton_commit"]
     mla = _row(rows, "coverage_profiler_kernels", "mla_decode")
     assert mla["passed"] and mla["detail"]["patterns"] == ["mla_verify_split_kernel"]
     assert mla["value"] >= 1 and mla["detail"]["kernels"] == ["mla_verify_split_kernel"]
@@ -187,9 +189,10 @@ def test_profiler_case_at_draft_3_with_the_interpreter_standing_in_for_the_profi
     assert failing <= {("production_fast_kernels", "decode_graph"), ("fast_kernels_present", "decode_graph"),
                        ("production_fast_kernels", "sampler"), ("decode_step_matches_production", None)}, failing
     for metric in ("production_fast_kernels", "fast_kernels_present"):
-        for comp, kernel in (("kda_decode", "kda_verify_kernel"), ("mla_decode", "mla_verify_split_kernel")):
+        for comp, kernels in (("kda_decode", ["fp_drop_rejected_kernel", "fp_keep_state_kernel", "kda_verify_kernel"]),
+                              ("mla_decode", ["mla_verify_split_kernel"])):
             row = next(r for r in rows if r["metric"] == metric and r.get("component") == comp)
-            assert row["passed"] and row["detail"]["fast_kernels"] == [kernel] and row["value"] >= 1, (metric, comp)
+            assert row["passed"] and row["detail"]["fast_kernels"] == kernels and row["value"] >= 1, (metric, comp)
     match = next(r for r in rows if r["metric"] == "decode_step_matches_production")
     assert set(match["detail"]["differences"]) <= {"fp_sampler_kernel"}, match["detail"]
 
