@@ -148,6 +148,8 @@ def make_inputs(shape: dict, value_class: str = "normal", dtype: Any = torch.flo
                 device: Any = "cpu", seed: int = 0) -> dict:
     """A state of ``batch`` sequences at random lengths with room for T more tokens, a trail of
     T tokens and a random keep in 1 ..= T (keep = T in the first sequence, 1 in the second)."""
+    if isinstance(dtype, str):  # the kernels suite passes the dtype's name
+        dtype = getattr(torch, dtype)
     g = torch.Generator().manual_seed(seed)
     L, M, B, T = shape["kda_layers"], shape["mla_layers"], shape["batch"], shape["tokens"]
     H, K, C3, cap, C = shape["heads"], shape["head_k"], shape["channels"], shape["capacity"], shape["latent"]
