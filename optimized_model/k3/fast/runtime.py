@@ -96,15 +96,7 @@ class FastDecoder:
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, state: Any) -> torch.Tensor:
         """One decode step; returns fp32 logits [B, V] (a fresh tensor)."""
-        B = state.batch
-        step = self.step_for(B)
-        step.bufs.tokens.copy_(tokens.to(self.device))
-        if self.use_graphs:
-            self.graphs.replay(step, state)
-            out = step.bufs.logits.clone()
-        else:
-            trace.refused("decode_graph", "no_cuda" if self.device.type != "cuda" else "graphs_off", batch=B)
-            out = step(state).clone()
+        out = self._run(self.step_for(state.batch), tokens, state)
         if hasattr(state, "max_len"):
             state.max_len += 1
         return out
@@ -112,18 +104,22 @@ class FastDecoder:
     @torch.inference_mode()
     def verify(self, tokens: torch.Tensor, state: Any) -> tuple[torch.Tensor, Any]:
         """A verify step of ``tokens [B, T]`` (``K3Model.verify``'s contract): fp32 logits
-        [B, T, V] (a fresh tensor) and the trail for ``K3Model.commit`` (the step's static
+        [B, T, V] (a fresh tensor) and the trail to commit (``FastTrail.commit``; the step's static
         buffers: commit before the next verify step of this shape)."""
         B, T = tokens.shape
         step = self.step_for(B, T, verify=True)
-        step.bufs.tokens.copy_(tokens.reshape(-1).to(self.device))
+        return self._run(step, tokens.reshape(-1), state).view(B, T, -1), step.trail
+
+    def _run(self, step: DecodeStep, tokens: torch.Tensor, state: Any) -> torch.Tensor:
+        """``step`` on ``tokens`` (one per row): a graph replay on CUDA, else eager (the whole-step
+        graph refused with the reason); returns a copy of the logits."""
+        step.bufs.tokens.copy_(tokens.to(self.device))
         if self.use_graphs:
             self.graphs.replay(step, state)
-            out = step.bufs.logits.clone()
-        else:
-            trace.refused("decode_graph", "no_cuda" if self.device.type != "cuda" else "graphs_off", batch=B)
-            out = step(state).clone()
-        return out.view(B, T, -1), step.trail
+            return step.bufs.logits.clone()
+        trace.refused("decode_graph", "no_cuda" if self.device.type != "cuda" else "graphs_off",
+                      batch=state.batch)
+        return step(state).clone()
 
     def decode_step(self, batch: int, context: int, draft: int = 0, seed: int = 0) -> Callable[[], None]:
         """A callable running one fast decode step of ``batch`` sequences at ``context`` tokens
