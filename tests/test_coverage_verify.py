@@ -129,7 +129,7 @@ def test_verify_rows_fallback_case_refuses_on_every_component(fast_tiny, tmp_pat
     case = next(c for c in plan.cases if c.case_id == "coverage/fallback/verify_rows")
     cfg = case.config
     assert cfg["reason"] == "verify_rows_out_of_scope" and cfg["draft"] == 3
-    assert cfg["out_of_scope_batch"] * (cfg["draft"] + 1) > 32 >= (cfg["out_of_scope_batch"] - 1) * (cfg["draft"] + 1)
+    assert cfg["out_of_scope_batch"] * (cfg["draft"] + 1) > 64 >= (cfg["out_of_scope_batch"] - 1) * (cfg["draft"] + 1)
     rows = []
 
     def record(gate, metric, value, **kw):
@@ -145,13 +145,13 @@ def test_verify_rows_fallback_case_refuses_on_every_component(fast_tiny, tmp_pat
 def test_dispatch_reads_the_verify_row_limit_from_the_spec(tmp_path, monkeypatch):
     from optimized_model.k3.fast import dispatch
 
-    assert load_spec(SPEC).scope["max_verify_rows"] == dispatch.scope()["max_verify_rows"] == 32
+    assert load_spec(SPEC).scope["max_verify_rows"] == dispatch.scope()["max_verify_rows"] == 64
     assert dispatch.scope()["draft_lengths"] == [0, 3, 7]
     # another declared limit is the one the dispatch enforces; none declared: the largest batch
     for line, rows in (("max_verify_rows = 48\n", 48), ("", 64)):
         path = tmp_path / f"limit{rows}" / "fastpath.toml"
         path.parent.mkdir()
-        path.write_text(SPEC.read_text().replace("max_verify_rows = 32\n", line))
+        path.write_text(SPEC.read_text().replace("max_verify_rows = 64\n", line))
         monkeypatch.setattr(dispatch, "SPEC_PATH", path)
         dispatch.scope.cache_clear()
         try:
@@ -159,9 +159,9 @@ def test_dispatch_reads_the_verify_row_limit_from_the_spec(tmp_path, monkeypatch
         finally:
             monkeypatch.undo()
             dispatch.scope.cache_clear()
-    assert dispatch.decide(9, 16, "verify", 3) == "verify_rows_out_of_scope"  # 36 rows
-    assert dispatch.decide(8, 16, "verify", 3) is None  # 32 rows
-    assert dispatch.decide(16, 16, "verify", 3) == "verify_rows_out_of_scope"  # 64: slower than compiled (run Y)
+    assert dispatch.decide(17, 16, "verify", 3) == "verify_rows_out_of_scope"  # 68 rows
+    assert dispatch.decide(16, 16, "verify", 3) is None  # 64 rows
+    assert dispatch.decide(8, 16, "verify", 7) is None  # 64 rows
     assert dispatch.decide(16, 16, "verify", 7) == "verify_rows_out_of_scope"  # the 128 rows
 
 

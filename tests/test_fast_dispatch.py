@@ -34,7 +34,7 @@ def test_scope_comes_from_the_spec():
     sc = dispatch.scope()
     assert sc["batch_sizes"] == [1, 2, 4, 8, 16, 32, 64]
     assert sc["max_context"] == 32768
-    assert sc["draft_lengths"] == [0, 3, 7] and sc["max_verify_rows"] == 32  # the spec's
+    assert sc["draft_lengths"] == [0, 3, 7] and sc["max_verify_rows"] == 64  # the spec's
     assert dispatch.graph_batch(3) == 4 and dispatch.graph_batch(64) == 64 and dispatch.graph_batch(1) == 1
     with pytest.raises(ValueError):
         dispatch.graph_batch(65)

@@ -170,9 +170,9 @@ def test_out_of_scope_verify_steps_refuse_with_their_reason(batch, draft, reason
 
 
 def test_in_scope_verify_rows():
-    assert dispatch.decide(8, 100, "verify", 3) is None  # 32 rows, the spec's max_verify_rows
-    assert dispatch.decide(4, 100, "verify", 7) is None  # 32 rows
-    assert dispatch.decide(8, 100, "verify", 7) == "verify_rows_out_of_scope"  # 64 rows
+    assert dispatch.decide(16, 100, "verify", 3) is None  # 64 rows, the spec's max_verify_rows
+    assert dispatch.decide(8, 100, "verify", 7) is None  # 64 rows
+    assert dispatch.decide(9, 100, "verify", 7) == "verify_rows_out_of_scope"  # 72 rows
     assert dispatch.decide(1, dispatch.scope()["max_context"], "verify", 3) == "context_out_of_scope"
 
 

@@ -232,15 +232,15 @@ def test_verify_launches_count_declared_verify_variants_at_k_plus_1():
 
 def test_speculative_batches_stay_within_the_specs_verify_rows():
     """The features suite's verify steps are ones the fast path serves: batch x (K + 1) rows
-    within scope.max_verify_rows (32 in the K3 spec), else its checks would judge the standard
+    within scope.max_verify_rows (64 in the K3 spec), else its checks would judge the standard
     path's verify step under the fast path's name."""
     from fastpath import suite_helpers as H
 
     spec = load_spec(SPEC)
     full = spec.tier("full")
-    assert spec.scope["max_verify_rows"] == 32
-    assert [H.verify_batch(spec, full, k, 8) for k in (3, 7)] == [8, 4]
-    assert [H.verify_batch(spec, full, k, 4000) for k in (3, 7)] == [8, 4]  # the sampled check: as many as fit
+    assert spec.scope["max_verify_rows"] == 64
+    assert [H.verify_batch(spec, full, k, 8) for k in (3, 7)] == [8, 8]
+    assert [H.verify_batch(spec, full, k, 4000) for k in (3, 7)] == [16, 8]  # the sampled check: as many as fit
     assert H.verify_batch(spec, full, 7, 1) == 1
     unlimited = type("S", (), {"scope": {"batch_sizes": [1, 2, 4, 8, 16, 32, 64]}})()
     assert H.verify_batch(unlimited, full, 7, 16) == 8  # none declared: the largest batch's 64 rows

@@ -140,12 +140,12 @@ def test_perf_cases_cover_the_scope_on_full_and_the_smallest_batch_on_smoke(tmp_
     cases, waivers = build_plan(spec, "full").for_suite("perf")
     speed = [c for c in cases if c.kind == "speedup"]
     shapes = {(c.config["batch"], c.config["context"], c.config["draft"]) for c in speed}
-    # draft 0 everywhere; a draft where batch x (draft + 1) <= 32 rows and context + draft fits
+    # draft 0 everywhere; a draft where batch x (draft + 1) <= 64 rows and context + draft fits
     assert shapes == {(b, c, d) for b in (1, 2, 4, 8, 16, 32, 64) for c in (1024, 8192, 32768) for d in (0, 3, 7)
-                      if d == 0 or (b * (d + 1) <= 32 and c < 32768)}
-    assert len(speed) == 21 + 8 + 6
+                      if d == 0 or (b * (d + 1) <= 64 and c < 32768)}
+    assert len(speed) == 21 + 10 + 8
     waived = {(w.case.config["batch"], w.case.config["draft"]): w.reason for w in waivers}
-    assert "max_verify_rows" in waived[(16, 3)] and "verify_rows_out_of_scope" in waived[(8, 7)]
+    assert "max_verify_rows" in waived[(32, 3)] and "verify_rows_out_of_scope" in waived[(16, 7)]
     assert len(waivers) == 7 * 3 * 3 - len(speed)
     assert [c.case_id for c in cases if c.kind != "speedup"] == ["perf/control/b1-c1024-d0", "perf/summary/table"]
     cases, waivers = build_plan(spec, "smoke").for_suite("perf")
@@ -187,7 +187,7 @@ def test_verify_steps_over_max_verify_rows_are_waived_with_the_fallback_named(tm
 
 def test_real_spec_drafts_on_both_tiers(tmp_path):
     spec = load_spec(REAL_SPEC)
-    assert spec.scope["draft_lengths"] == [0, 3, 7] and spec.scope["max_verify_rows"] == 32
+    assert spec.scope["draft_lengths"] == [0, 3, 7] and spec.scope["max_verify_rows"] == 64
     assert spec.features["speculative_decoding"] is True
     assert spec.tier("smoke").scope["draft_lengths"] == [0, 3]
     smoke = build_plan(spec, "smoke")
@@ -198,12 +198,12 @@ def test_real_spec_drafts_on_both_tiers(tmp_path):
     assert "smallest batch only" in reasons["coverage/decode/b2-c16-d3"]
     fallback = next(c for c in smoke.cases if c.case_id == "coverage/fallback/verify_rows").config
     assert fallback["reason"] == "verify_rows_out_of_scope"
-    assert (fallback["draft"], fallback["out_of_scope_batch"]) == (3, 9)  # 36 rows > 32, 8 x 4 = 32 would run
+    assert (fallback["draft"], fallback["out_of_scope_batch"]) == (3, 17)  # 68 rows > 64, 16 x 4 = 64 would run
     full = build_plan(spec, "full")
     runs = {(c.config["batch"], c.config["draft"]) for c in full.cases if c.kind == "decode"}
-    # 32 rows: draft 3 up to batch 8, draft 7 up to batch 4 (64-row steps lost to the compiled
-    # standard path on the H200, run Y: waived with the fallback named)
-    assert (8, 3) in runs and (4, 7) in runs and (8, 7) not in runs and (16, 3) not in runs
+    # 64 rows: draft 3 up to batch 16, draft 7 up to batch 8; the batch 16 at draft 7
+    # (128 rows) is past the tables: waived with the fallback named
+    assert (16, 3) in runs and (8, 7) in runs and (16, 7) not in runs and (32, 3) not in runs
     full_reasons = {w.case.case_id: w.reason for w in full.waivers}
     assert "exceed scope.max_verify_rows" in full_reasons["coverage/decode/b16-c1024-d7"]
     assert "exceed scope.max_verify_rows" in full_reasons["coverage/profiler/b16-c1024-d7"]
