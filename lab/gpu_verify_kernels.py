@@ -51,15 +51,8 @@ def kda_verify_table(shapes: list[tuple[int, int]], tiles: list[int]) -> None:
             inp = dict(base, block_v=bv or None)
             err = worst(KV.fast(**inp), orc)
             # timed in place on one input set (the state advances; the work per launch is the same)
-            args = dict(inp)
-            args["state"] = inp["state"].clone()
-            H, K, V = K3["heads"], K3["head_k"], K3["head_v"]
-            args["states"] = torch.empty(B, T, H, K, V, dtype=torch.float32, device="cuda")
-            W = inp["conv_wq"].shape[-1]
-            args["window"] = torch.empty(B, H * (2 * K + V), W - 1 + T, dtype=torch.bfloat16, device="cuda")
-            names = ("q", "k", "v", "f", "b", "gate", "conv_q", "conv_k", "conv_v", "conv_wq", "conv_wk",
-                     "conv_wv", "A_log", "dt_bias", "state", "norm_weight")
-            pos = [args.pop(n, None) for n in names]
+            pos, args = KV.call_args(inp)
+            H, V = K3["heads"], K3["head_v"]
             out = torch.empty(B * T, H * V, dtype=torch.bfloat16, device="cuda")
             us = graph_us(lambda: KV.kda_verify(*pos, out=out, **args))
             print(f"| {B} | {T} | {bv or 'default'} | {us:.1f} | {err:.2e} | {tol:.2e} | "

@@ -291,7 +291,13 @@ def standard(**inputs) -> tuple:
     return _reference(inputs, inputs["v"].dtype)
 
 
-def fast(**inputs) -> tuple:
+POSITIONAL = ("q", "k", "v", "f", "b", "gate", "conv_q", "conv_k", "conv_v", "conv_wq", "conv_wk", "conv_wv",
+              "A_log", "dt_bias", "state", "norm_weight")  # kda_verify's positional parameters, in order
+
+
+def call_args(inputs: dict) -> tuple[list, dict]:
+    """``kda_verify``'s (positional, keyword) arguments for an input set of ``make_inputs``, with
+    a fresh copy of the state and fresh ``states`` / ``window`` outputs (keywords) to write."""
     args = dict(inputs)
     B, T = inputs["state"].shape[0], inputs["tokens"]
     H, K, V = inputs["num_heads"], inputs["head_k"], inputs["head_v"]
@@ -300,9 +306,11 @@ def fast(**inputs) -> tuple:
     args["states"] = torch.empty(B, T, H, K, V, dtype=torch.float32, device=inputs["v"].device)
     args["window"] = torch.empty(B, H * (2 * K + V), W - 1 + T, dtype=inputs["conv_q"].dtype,
                                  device=inputs["v"].device)
-    pos = [args.pop(n, None) for n in ("q", "k", "v", "f", "b", "gate", "conv_q", "conv_k", "conv_v",
-                                       "conv_wq", "conv_wk", "conv_wv", "A_log", "dt_bias", "state",
-                                       "norm_weight")]
+    return [args.pop(n, None) for n in POSITIONAL], args
+
+
+def fast(**inputs) -> tuple:
+    pos, args = call_args(inputs)
     out = kda_verify(*pos, **args)
     return out, args["states"], args["window"]
 

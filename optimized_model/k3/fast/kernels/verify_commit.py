@@ -124,8 +124,11 @@ def _state_and_trail(inputs: dict):
     return K3Model, owner, st, trail
 
 
+STATE_FIELDS = ("kda", "conv", "latent", "lengths")  # what a commit writes, in output order
+
+
 def _outputs(st) -> tuple:
-    return st.kda, st.conv, st.latent, st.lengths
+    return tuple(getattr(st, name) for name in STATE_FIELDS)
 
 
 def standard(**inputs) -> tuple:
@@ -138,10 +141,9 @@ oracle = standard  # a commit only copies and clears: the standard path's result
 
 
 def fast(**inputs) -> tuple:
-    out = {k: inputs[k].clone() for k in ("kda", "conv", "latent", "lengths")}
-    commit(out["kda"], out["conv"], out["latent"], out["lengths"], inputs["states"], inputs["window"],
-           inputs["keep"])
-    return out["kda"], out["conv"], out["latent"], out["lengths"]
+    out = tuple(inputs[name].clone() for name in STATE_FIELDS)
+    commit(*out, inputs["states"], inputs["window"], inputs["keep"])
+    return out
 
 
 def make_inputs(shape: dict, value_class: str = "normal", dtype: Any = torch.float32,
