@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -94,8 +95,9 @@ class FastpathSession:
     """Per-pytest-session state: spec, tier, plan, the row sink and per-item records."""
 
     def __init__(self, spec: Spec, tier: Tier, plan: Plan, rows_path: Path | None, suite: str | None,
-                 shard: tuple[int, int] = (0, 1)) -> None:
+                 shard: tuple[int, int] = (0, 1), claims: Path | None = None) -> None:
         self.spec, self.tier, self.plan, self.suite, self.shard = spec, tier, plan, suite, shard
+        self.claims = claims  # shared by the suite's shards: a shard runs the cases it claims first
         self.writer = RowWriter(rows_path) if rows_path else None
         self.rows: list[dict] = []  # kept in memory too (tests, progress)
         self.items: dict[str, ItemRecord] = {}
@@ -122,12 +124,31 @@ class FastpathSession:
         ids = [c.case_id for c in [*self.plan.cases, *(w.case for w in self.plan.waivers)] if c.suite == suite]
         return ids.index(case_id) % n == i
 
+    def claim(self, case_id: str) -> bool:
+        """With a claims folder: True iff this shard is the first to claim the case (an atomic
+        exclusive create), so each case runs in exactly one shard, whichever is free first."""
+        if self.claims is None:
+            return True
+        self.claims.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(self.claims / claim_name(case_id), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(f"{self.shard[0]}/{self.shard[1]}\n")
+        return True
+
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
 
 
 STATE = pytest.StashKey[FastpathSession]()
+
+
+def claim_name(case_id: str) -> str:
+    """A case's claim file name: its id with the path separators spelled out."""
+    return case_id.replace("/", "__")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -141,6 +162,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     "with the bundle under logs/artifacts/; e.g. perf's summary table)")
     group.addoption("--fastpath-shard", default="0/1", help="I/N: run only the suite's cases at positions "
                     "I, I + N, I + 2N, ... of the plan (verify --jobs splits a long suite across workers)")
+    group.addoption("--fastpath-claims", help="with --fastpath-shard: a folder the suite's N shards share; each "
+                    "runs the plan's cases in order, skipping those another shard claimed first (a shard that "
+                    "drew short cases takes more), instead of the fixed positions")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -153,8 +177,10 @@ def pytest_configure(config: pytest.Config) -> None:
     plan_path = config.getoption("fastpath_plan")
     plan = Plan.from_json(json.loads(Path(plan_path).read_text())) if plan_path else build_plan(spec, tier)
     rows = config.getoption("fastpath_rows")
+    claims = config.getoption("fastpath_claims")
     config.stash[STATE] = FastpathSession(spec, tier, plan, Path(rows) if rows else None,
-                                          config.getoption("fastpath_suite"), _shard(config.getoption("fastpath_shard")))
+                                          config.getoption("fastpath_suite"), _shard(config.getoption("fastpath_shard")),
+                                          Path(claims) if claims else None)
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -206,7 +232,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Without --fastpath-suite, the suite whose engine options fp_engine uses is the one suite
     module collected (several suites in one session share one engine, so none may have its own);
-    ``--fastpath-shard I/N``: keep this shard's cases (helper tests without a case: shard 0)."""
+    ``--fastpath-shard I/N``: keep this shard's cases (helper tests without a case: shard 0); with
+    ``--fastpath-claims`` every case stays, and ``pytest_runtest_protocol`` runs those it claims."""
     state = config.stash.get(STATE, None)
     if state is None:
         return
@@ -229,12 +256,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         callspec = getattr(item, "callspec", None)
         case = callspec.params.get("case") if callspec else None
-        mine = (state.in_shard(state.suite_of(Path(str(item.path))), case["case_id"]) if case
-                else state.shard[0] == 0)
+        if case:
+            mine = state.claims is not None or state.in_shard(state.suite_of(Path(str(item.path))), case["case_id"])
+        else:
+            mine = state.shard[0] == 0
         (keep if mine else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    """Shards with a claims folder: a case another shard claimed first is not run here (nor
+    reported: it is that shard's). Returning True ends the protocol for the item."""
+    state = item.config.stash.get(STATE, None)
+    if state is None or state.claims is None:
+        return None
+    callspec = getattr(item, "callspec", None)
+    case = callspec.params.get("case") if callspec else None
+    if isinstance(case, dict) and not state.claim(case["case_id"]):
+        return True
+    return None
 
 
 def _no_case(item: pytest.Item) -> bool:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,15 @@ class RunState:
     def log_path(self, suite: str, shard: tuple[int, int] = (0, 1)) -> Path:
         return self.root / "logs" / f"{shard_name(suite, shard)}.log"
 
+    def claims_dir(self, suite: str) -> Path:
+        """Where a sharded suite's shards claim its cases (``--fastpath-claims``)."""
+        return self.root / "claims" / suite
+
+    def clear_claims(self, suite: str) -> None:
+        """Before a sharded suite's shards start: an earlier attempt's claims name cases whose rows
+        were forgotten with it."""
+        shutil.rmtree(self.claims_dir(suite), ignore_errors=True)
+
     def marker(self, suite: str, shard: tuple[int, int] = (0, 1)) -> dict | None:
         path = self.root / "done" / f"{shard_name(suite, shard)}.json"
         if not path.is_file():
@@ -71,26 +81,40 @@ class RunState:
             writer.write(make_row(suite, f"{suite}/suite", "", "suite", status="error", message=message))
         self.mark(suite, "crashed", shard, message=message)
 
-    def merge_shards(self, suite: str, n: int) -> list[dict | None]:
-        """The suite's rows, log and marker from its ``n`` shards' (rows and logs in shard order,
-        "done" iff every shard was; the shard files removed); returns the shards' markers."""
+    def merge_shards(self, suite: str, n: int, case_order: list[str] | None = None) -> list[dict | None]:
+        """The suite's rows, log and marker from its ``n`` shards' (rows in ``case_order``, the
+        plan's, whichever shard ran a case -- else in shard order --, logs in shard order, "done"
+        iff every shard was; the shard files and claims removed); returns the shards' markers."""
         shards = [(i, n) for i in range(n)]
         markers = [self.marker(suite, sh) for sh in shards]
         rows, log = self.rows_path(suite), self.log_path(suite)
-        rows.write_text("".join(p.read_text(encoding="utf-8") for sh in shards
-                                if (p := self.rows_path(suite, sh)).is_file()), encoding="utf-8")
+        lines = [line for sh in shards if (p := self.rows_path(suite, sh)).is_file()
+                 for line in p.read_text(encoding="utf-8").splitlines(keepends=True)]
+        if case_order:
+            rank = {case_id: i for i, case_id in enumerate(case_order)}
+            lines.sort(key=lambda line: rank.get(_case_id(line), len(rank)))  # stable: a case's rows keep their order
+        rows.write_text("".join(lines), encoding="utf-8")
+        log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text("".join(f"== shard {i + 1} of {n}\n" + (p.read_text(encoding="utf-8") if p.is_file() else "")
                                for i, sh in enumerate(shards) for p in [self.log_path(suite, sh)]), encoding="utf-8")
         for sh in shards:
             for path in (self.rows_path(suite, sh), self.log_path(suite, sh),
                          self.root / "done" / f"{shard_name(suite, sh)}.json"):
                 path.unlink(missing_ok=True)
+        self.clear_claims(suite)
         crashed = [m for m in markers if (m or {}).get("status") != "done"]
         if crashed:
             self.mark(suite, "crashed", message=(crashed[0] or {}).get("message") or "a shard never finished")
         else:
             self.mark(suite, "done", pytest_exit=max(m["pytest_exit"] for m in markers), shards=n)
         return markers
+
+    def case_order(self, suite: str) -> list[str]:
+        """The suite's case ids in the run's plan order (its cases, then those it waived)."""
+        plan_path = self.root / "plan.json"
+        plan = Plan.from_json(self._load(plan_path))
+        cases, waivers = plan.for_suite(suite)
+        return [c.case_id for c in cases] + [w.case.case_id for w in waivers]
 
     def suite_state(self, plan: Plan) -> dict[str, str]:
         return {s: (self.marker(s) or {}).get("status", "not_run") for s in plan.suites}
@@ -109,6 +133,14 @@ class RunState:
                     raise _torn(path, "a line is not a result row")
                 rows += suite_rows
         return rows
+
+
+def _case_id(line: str) -> str | None:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError:
+        return None  # a torn line: all_rows names the file when it reads it
+    return row.get("case_id") if isinstance(row, dict) else None
 
 
 def shard_name(suite: str, shard: tuple[int, int]) -> str:

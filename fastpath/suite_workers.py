@@ -6,9 +6,13 @@ A worker runs one suite exactly as the in-process run does (``verify._run_one_su
 lines on stdout, which the parent relays; a line ``CASE_DONE`` advances the suite's bar. Why
 processes: the CPU tier's work is Triton's interpreter, pure Python, so threads would share one
 core; a suite's models and interpreter state stay private to its worker. A long suite
-(``LONG_FIRST``) with several cases runs as N shards (shard I: its cases at positions I, I + N,
-... of the plan, the plugin's ``--fastpath-shard``), merged into the suite's rows, log and
-marker when the last one ends (``RunState.merge_shards``).
+(``LONG_FIRST``) with several cases runs as N shards that share its cases out as they go: each
+shard walks the plan's cases in order and runs those it claims first (the plugin's
+``--fastpath-claims``, an exclusive file per case), so a shard that drew short cases takes more
+and the shards end together, whatever the cases cost (on the H200 the kernels suite's cases take
+7-340 s: fixed positions I, I + N, ... once left one shard 514 s of work and another 126 s).
+The shards are merged into the suite's rows (in plan order), log and marker when the last one
+ends (``RunState.merge_shards``).
 
 Timing suites (``EXCLUSIVE``: perf) run alone, after the others: a neighbour would slow their
 clock. Ctrl-C or SIGTERM in the parent, or a worker that was interrupted (exit 3), stops every
@@ -121,6 +125,7 @@ def run(todo: list[str], jobs: int, cases: dict[str, int], state: Any, suites_di
                     suite, shard = queue.pop(0)
                     if suite not in hooks:
                         hooks[suite] = start(suite)
+                        state.clear_claims(suite)
                     running.append(_Worker(suite, shard, state.run_dir, suites_dir, *hooks[suite]))
                 time.sleep(0.2)
                 for w in [w for w in running if w.proc.poll() is not None]:
@@ -134,7 +139,7 @@ def run(todo: list[str], jobs: int, cases: dict[str, int], state: Any, suites_di
                     left[w.suite] -= 1
                     if not left[w.suite]:
                         if w.shard[1] > 1:
-                            state.merge_shards(w.suite, w.shard[1])
+                            state.merge_shards(w.suite, w.shard[1], state.case_order(w.suite))
                         ended(w.suite)
         return True
     except KeyboardInterrupt:

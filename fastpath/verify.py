@@ -7,6 +7,8 @@ Run directory (``--out DIR``)::
     DIR/state/rows/<suite>.jsonl  rows as they come (fsync per row)
     DIR/state/done/<suite>.json   completion marker: a suite with one is never rerun on resume
     DIR/state/logs/<suite>.log    pytest output of the suite
+    DIR/state/claims/<suite>/     while a sharded suite runs (--jobs): one file per case, the
+                                  shard that took it (suite_workers)
     DIR/NAME.TIER.fastpath/ + DIR/NAME.TIER.fastpath.tar.gz   the bundle (NAME: the spec's name)
 
 Each suite runs in its own ``pytest.main`` call. An interrupted suite (Ctrl-C, crash) has no
@@ -363,7 +365,11 @@ def _run_one_suite(suite: str, spec: Spec, plan: Plan, state: RunState, suites_d
             "--fastpath-spec", str(spec.path), "--fastpath-tier", plan.tier,
             "--fastpath-plan", str(state.root / "plan.json"), "--fastpath-rows", str(rows_path),
             "--fastpath-suite", suite, "--fastpath-artifacts", str(state.root / "logs" / "artifacts"),
-            "--fastpath-shard", f"{shard[0]}/{shard[1]}"]
+            "--fastpath-shard", f"{shard[0]}/{shard[1]}",
+            # the slowest cases (over a second) in the log: what a shard's time went on
+            "--durations=0", "--durations-min=1"]
+    if shard[1] > 1:  # the shards share out the cases as each gets free (suite_workers)
+        args += ["--fastpath-claims", str(state.claims_dir(suite))]
     hook = ProgressHook(rows_path, console, on_case)
     log_path = state.log_path(suite, shard)
     log_path.parent.mkdir(parents=True, exist_ok=True)

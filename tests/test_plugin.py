@@ -64,6 +64,50 @@ def test_shards_split_the_suites_cases_between_them(tmp_path):
     assert code == 4  # a usage error: I must be below N
 
 
+def test_shards_with_a_claims_folder_share_the_cases_out_as_they_go(tmp_path):
+    """With --fastpath-claims a shard runs every case no other shard claimed first: a shard that
+    finds half the cases claimed (another shard is busy on them) runs the rest, and a shard
+    that starts after all were claimed runs none."""
+    from fastpath.pytest_plugin import claim_name
+
+    body = """
+        @pytest.mark.fastpath(kind="decode", gate="coverage_fast_path_fired")
+        def test_decode(case, record):
+            record("coverage_fast_path_fired", "ran", 1, threshold=1, comparator=">=")
+
+        @pytest.mark.fastpath(kind="fallback", gate="coverage_clean_fallback")
+        def test_fallback(case, record):
+            record("coverage_clean_fallback", "ran", 1, threshold=1, comparator=">=")
+    """
+    _, whole = run_suite(tmp_path / "all", body)
+    every = [r["case_id"] for r in whole]
+    claims = tmp_path / "claims"
+    claims.mkdir()
+    taken = every[::2]  # as if shard 0 of 2 were running these
+    for case_id in taken:
+        (claims / claim_name(case_id)).write_text("0/2\n")
+    code, rows = run_suite(tmp_path / "s1", body, "coverage", "--fastpath-shard", "1/2", "--fastpath-claims", str(claims))
+    assert code == 0 and sorted(r["case_id"] for r in rows) == sorted(set(every) - set(taken))
+    assert sorted(p.name for p in claims.iterdir()) == sorted(claim_name(c) for c in every)
+    assert all((claims / claim_name(c)).read_text() == "1/2\n" for c in set(every) - set(taken))
+    code, rows = run_suite(tmp_path / "s0", body, "coverage", "--fastpath-shard", "0/2", "--fastpath-claims", str(claims))
+    assert code == 0 and rows == []  # every case claimed: nothing ran here
+
+
+def test_a_case_is_claimed_by_one_shard_only():
+    import tempfile
+
+    from fastpath.pytest_plugin import FastpathSession
+
+    with tempfile.TemporaryDirectory() as tmp:
+        shards = [FastpathSession.__new__(FastpathSession) for _ in range(3)]
+        for i, shard in enumerate(shards):
+            shard.shard, shard.claims = (i, 3), Path(tmp) / "claims"
+        won = [[s.claim(f"kernels/kernel/k{j}") for s in shards] for j in range(4)]
+        assert all(w.count(True) == 1 for w in won)
+        assert won[0] == [True, False, False]
+
+
 def test_a_kind_the_plan_has_no_case_of_is_not_an_item(tmp_path):
     """A suite test of a kind the plan never makes (a spec without that gate) is parametrized with
     an empty set: it is deselected, not an internal error, in one process and in shards alike."""

@@ -186,6 +186,23 @@ def test_long_suites_run_as_shards_merged_back_into_one_suite(tmp_path):
     assert state.marker("parity") == {"suite": "parity", "status": "crashed", "message": "shard 2 died"}
 
 
+def test_merged_shards_rows_follow_the_plan_whichever_shard_ran_a_case(tmp_path):
+    from fastpath.run_state import RunState
+
+    state = RunState(tmp_path)
+    rows = {0: ["c", "a", "a"], 1: ["b", "helper", "d"]}  # shard 0 claimed c before a
+    for i, ids in rows.items():
+        state.rows_path("kernels", (i, 2)).parent.mkdir(parents=True, exist_ok=True)
+        state.rows_path("kernels", (i, 2)).write_text(
+            "".join(f'{{"case_id": "kernels/{c}", "status": "pass", "n": {n}}}\n' for n, c in enumerate(ids)))
+        state.mark("kernels", "done", (i, 2), pytest_exit=0)
+    state.claims_dir("kernels").mkdir(parents=True)
+    state.merge_shards("kernels", 2, ["kernels/a", "kernels/b", "kernels/c", "kernels/d"])
+    merged = [(r["case_id"].split("/")[1], r["n"]) for r in read_rows(state.rows_path("kernels"))]
+    assert merged == [("a", 1), ("a", 2), ("b", 0), ("c", 0), ("d", 2), ("helper", 1)]
+    assert not state.claims_dir("kernels").exists()
+
+
 def test_resume_refuses_a_changed_spec_and_out_refuses_reuse(tmp_path):
     spec = make_project(tmp_path / "p")
     run(spec, out=tmp_path / "run", only=["kernels"])
