@@ -54,6 +54,20 @@ def test_max_error_and_nonfinite_rules():
     assert kernels.nonfinite_where_oracle_finite(torch.tensor([float("nan"), float("-inf"), 1.0]), o) == 1
 
 
+def test_max_error_in_chunks_is_the_whole_float64_maximum(monkeypatch):
+    monkeypatch.setattr(kernels, "CHUNK", 7)  # several chunks, the last one partial
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(5, 11, generator=g)
+    got = (ref + 1e-3 * torch.randn(5, 11, generator=g)).to(torch.bfloat16)
+    want = (got.double() - ref.double()).abs().max().item()
+    assert kernels.max_error((got, ref), (ref, ref)) == want
+    ref[4, 10] = float("-inf")  # the last chunk's last element: masked in the oracle only
+    assert kernels.max_error(got, ref) == math.inf
+    got = ref.clone()
+    got[0, 3] = float("inf")  # infinite where the oracle is finite
+    assert kernels.max_error(got, ref) == math.inf
+
+
 def test_bitwise_diff_sees_signed_zero_and_nan():
     a = torch.tensor([0.0, float("nan"), 1.0])
     assert kernels.bitwise_diff(a, a.clone()) == 0
