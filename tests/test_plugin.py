@@ -45,16 +45,20 @@ def test_parametrized_from_plan_and_record(tmp_path):
         ("coverage/decode/b1-c16-d0", "pass", 1, 16), ("coverage/decode/b4-c16-d0", "fail", 4, 16)]
 
 
-def test_shards_split_the_suites_cases_between_them(tmp_path):
-    body = """
-        @pytest.mark.fastpath(kind="decode", gate="coverage_fast_path_fired")
-        def test_decode(case, record):
-            record("coverage_fast_path_fired", "ran", 1, threshold=1, comparator=">=")
+# a suite of two kinds of case, each recording one passing row
+TWO_KINDS = """
+    @pytest.mark.fastpath(kind="decode", gate="coverage_fast_path_fired")
+    def test_decode(case, record):
+        record("coverage_fast_path_fired", "ran", 1, threshold=1, comparator=">=")
 
-        @pytest.mark.fastpath(kind="fallback", gate="coverage_clean_fallback")
-        def test_fallback(case, record):
-            record("coverage_clean_fallback", "ran", 1, threshold=1, comparator=">=")
-    """
+    @pytest.mark.fastpath(kind="fallback", gate="coverage_clean_fallback")
+    def test_fallback(case, record):
+        record("coverage_clean_fallback", "ran", 1, threshold=1, comparator=">=")
+"""
+
+
+def test_shards_split_the_suites_cases_between_them(tmp_path):
+    body = TWO_KINDS
     _, whole = run_suite(tmp_path / "all", body)
     parts = [run_suite(tmp_path / f"s{i}", body, "coverage", "--fastpath-shard", f"{i}/2")[1] for i in range(2)]
     ids = [sorted(r["case_id"] for r in rows) for rows in parts]
@@ -70,15 +74,7 @@ def test_shards_with_a_claims_folder_share_the_cases_out_as_they_go(tmp_path):
     that starts after all were claimed runs none."""
     from fastpath.pytest_plugin import claim_name
 
-    body = """
-        @pytest.mark.fastpath(kind="decode", gate="coverage_fast_path_fired")
-        def test_decode(case, record):
-            record("coverage_fast_path_fired", "ran", 1, threshold=1, comparator=">=")
-
-        @pytest.mark.fastpath(kind="fallback", gate="coverage_clean_fallback")
-        def test_fallback(case, record):
-            record("coverage_clean_fallback", "ran", 1, threshold=1, comparator=">=")
-    """
+    body = TWO_KINDS
     _, whole = run_suite(tmp_path / "all", body)
     every = [r["case_id"] for r in whole]
     claims = tmp_path / "claims"
