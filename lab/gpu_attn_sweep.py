@@ -99,9 +99,7 @@ def sweep_kda(batches, baseline, deadline, log) -> list[dict]:
                 for key in KDA._STATE_KEYS:
                     args[key] = inp[key].clone()
                 check = mod.fast(**{**inp, **cfg})[0]
-                pos = [args.pop(n) for n in ("q", "k", "v", "f", "b", "gate", "conv_q", "conv_k",
-                                             "conv_v", "conv_wq", "conv_wk", "conv_wv", "A_log",
-                                             "dt_bias", "state", "norm_weight")]
+                pos = [args.pop(n) for n in KDA.POSITIONAL]
                 out = torch.empty_like(ref)
                 fn = lambda: mod.kda_decode(*pos, **args, **cfg, out=out)  # noqa: E731
                 us = graph_time(fn) * 1e6

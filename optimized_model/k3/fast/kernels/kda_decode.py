@@ -434,6 +434,11 @@ def standard(**inputs) -> tuple:
     return _steps(inputs, lambda step: _reference(step, dtype=dtype, use_fla=use_fla))
 
 
+# kda_decode's (and kda_verify's) positional parameters, in order: an input set's keys
+POSITIONAL = ("q", "k", "v", "f", "b", "gate", "conv_q", "conv_k", "conv_v", "conv_wq", "conv_wk", "conv_wv",
+              "A_log", "dt_bias", "state", "norm_weight")
+
+
 def fast(**inputs) -> tuple:
     """The fused kernel on copies of the states, step after step for a multi-step case; returns
     (out, state, conv_q, conv_k, conv_v)."""
@@ -441,9 +446,7 @@ def fast(**inputs) -> tuple:
         args = dict(step)
         for key in _STATE_KEYS:
             args[key] = step[key].clone()
-        pos = [args.pop(n, None) for n in ("q", "k", "v", "f", "b", "gate", "conv_q", "conv_k", "conv_v",
-                                           "conv_wq", "conv_wk", "conv_wv", "A_log", "dt_bias", "state",
-                                           "norm_weight")]
+        pos = [args.pop(n, None) for n in POSITIONAL]
         out = kda_decode(*pos, **args)
         return out, pos[14], pos[6], pos[7], pos[8]
 

@@ -291,10 +291,6 @@ def standard(**inputs) -> tuple:
     return _reference(inputs, inputs["v"].dtype)
 
 
-POSITIONAL = ("q", "k", "v", "f", "b", "gate", "conv_q", "conv_k", "conv_v", "conv_wq", "conv_wk", "conv_wv",
-              "A_log", "dt_bias", "state", "norm_weight")  # kda_verify's positional parameters, in order
-
-
 def call_args(inputs: dict) -> tuple[list, dict]:
     """``kda_verify``'s (positional, keyword) arguments for an input set of ``make_inputs``, with
     a fresh copy of the state and fresh ``states`` / ``window`` outputs (keywords) to write."""
@@ -306,7 +302,7 @@ def call_args(inputs: dict) -> tuple[list, dict]:
     args["states"] = torch.empty(B, T, H, K, V, dtype=torch.float32, device=inputs["v"].device)
     args["window"] = torch.empty(B, H * (2 * K + V), W - 1 + T, dtype=inputs["conv_q"].dtype,
                                  device=inputs["v"].device)
-    return [args.pop(n, None) for n in POSITIONAL], args
+    return [args.pop(n, None) for n in KD.POSITIONAL], args
 
 
 def fast(**inputs) -> tuple:
