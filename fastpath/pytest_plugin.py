@@ -254,8 +254,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     keep, drop = [], []
     for item in items:
-        callspec = getattr(item, "callspec", None)
-        case = callspec.params.get("case") if callspec else None
+        case = _case(item)
         if case:
             mine = state.claims is not None or state.in_shard(state.suite_of(Path(str(item.path))), case["case_id"])
         else:
@@ -273,11 +272,17 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     state = item.config.stash.get(STATE, None)
     if state is None or state.claims is None:
         return None
-    callspec = getattr(item, "callspec", None)
-    case = callspec.params.get("case") if callspec else None
-    if isinstance(case, dict) and not state.claim(case["case_id"]):
+    case = _case(item)
+    if case and not state.claim(case["case_id"]):
         return True
     return None
+
+
+def _case(item: pytest.Item) -> dict | None:
+    """The plan case an item runs (its ``case`` parameter), or None for a helper test."""
+    callspec = getattr(item, "callspec", None)
+    case = callspec.params.get("case") if callspec else None
+    return case if isinstance(case, dict) else None
 
 
 def _no_case(item: pytest.Item) -> bool:
@@ -288,8 +293,7 @@ def _no_case(item: pytest.Item) -> bool:
 def _item_record(item: pytest.Item) -> ItemRecord:
     state = _state(item.config)
     if item.nodeid not in state.items:
-        callspec = getattr(item, "callspec", None)
-        case = callspec.params.get("case") if callspec else None
+        case = _case(item)
         suite = state.suite_of(Path(str(item.path)))
         case_id = case["case_id"] if case else f"{suite}/test/{item.name}"
         state.items[item.nodeid] = ItemRecord(suite, case_id, dict(case["config"]) if case else {},
