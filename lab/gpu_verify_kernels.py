@@ -1,7 +1,8 @@
 """The verify step's KDA kernels on the H200: ``kda_verify`` at each V-tile width and the fast
 commit (``verify_commit``) against ``K3Model.commit``'s torch ops, each checked against its
 references (the kernels suite's rule: error to the fp32 oracle within max(atol floor, k x the
-standard path's)) and timed (CUDA graph of 20 launches, median of 5 rounds).
+standard path's)) and timed (``fastpath.measure.graph_time``: 20 launches in one CUDA graph,
+median of 5 replays).
 
     python3 -m lab.gpu_verify_kernels [--shapes 8x4,16x4,4x8] [--block-v 0,128,64,32,16]
 
@@ -11,27 +12,19 @@ block_v 0 is the kernel's default (``choose_block_v``). Prints one table per ker
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 
-from fastpath.measure import time_calls
+from fastpath.measure import graph_time
 from optimized_model.k3.fast.kernels import kda_verify as KV
 from optimized_model.k3.fast.kernels import verify_commit as VC
 
 K3 = dict(heads=32, head_k=128, head_v=128)
 
 
-def graph_us(fn, n: int = 20, rounds: int = 5) -> float:
-    """µs per call of ``fn`` replayed ``n`` times inside one CUDA graph."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n):
-            fn()
-    g.replay()
-    return 1e6 * statistics.median(time_calls(g.replay, 1) for _ in range(rounds)) / n
+def graph_us(fn) -> float:
+    """µs per call of ``fn``: 20 calls in one CUDA graph, median of 5 replays."""
+    return 1e6 * graph_time(fn, calls=20, replays=5)
 
 
 def worst(got, ref) -> float:
@@ -69,12 +62,12 @@ def commit_table(shapes: list[tuple[int, int]], context: int) -> None:
         inp = VC.make_inputs(shape, "normal", torch.bfloat16, "cuda", 0)
         inp["lengths"].fill_(context)
         same = all(torch.equal(a, b) for a, b in zip(VC.fast(**inp), VC.standard(**inp)))
-        st = {k: inp[k].clone() for k in ("kda", "conv", "latent", "lengths")}
+        st = [inp[k].clone() for k in VC.STATE_FIELDS]  # kda, conv, latent, lengths
         base = inp["lengths"].clone()
 
         def fast_once():
-            st["lengths"].copy_(base)
-            VC.commit(st["kda"], st["conv"], st["latent"], st["lengths"], inp["states"], inp["window"], inp["keep"])
+            st[-1].copy_(base)
+            VC.commit(*st, inp["states"], inp["window"], inp["keep"])
 
         model_cls, owner, state, trail = VC._state_and_trail(inp)
 
