@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fastpath.evals import mrcr
-from lab.train import checkpoint, eval_tasks, json_tasks
+from lab.train import checkpoint, copy_tasks, eval_tasks, json_tasks, probe
 from lab.train.loop import TrainConfig, make_optimizer, train
 from lab.train.mix import KINDS, Mix, make_batch
 from lab.train.trainable import TrainableK3
@@ -103,7 +103,7 @@ def test_no_eval_document_is_a_training_document():
         b = make_batch(mix, step, K3Tokenizer())
         seen |= set(b.hashes)
         kinds |= set(b.kinds)
-    assert kinds == {"mrcr", "aime", "json"} and not (seen & held)
+    assert kinds == set(KINDS) and not (seen & held)
 
 
 @pytest.mark.parametrize("kind, task", [("aime", "aime25"), ("mrcr", "mrcr")])
@@ -222,3 +222,32 @@ def test_the_curriculum_starts_mrcr_on_short_rows_then_moves_to_the_long_table()
     late = make_batch(dataclasses.replace(mix, tokens_per_step=65536), 20, tok)
     assert late.tokens.shape[1] in {T for T, _ in mix.lengths}
 
+
+
+def test_a_copy_task_asks_for_one_listed_text_by_its_heading():
+    for seed in range(50):
+        prompt, answer = copy_tasks.copy_pair(seed)
+        assert copy_tasks.copy_pair(seed) == (prompt, answer)
+        heading = answer.split("\n", 1)[0]  # "Poem about owls:"
+        assert prompt.count("\n\n" + answer + "\n\n") == 1 and prompt.count(heading) == 1
+        assert prompt.endswith(f"Repeat the {heading[0].lower()}{heading[1:-1]} exactly.")
+
+
+def test_the_probe_names_the_first_wrong_line_of_a_worked_solution_and_its_cause():
+    want = "Step 1: 727 * 74 = 53798, mod 1000 = 798.\nStep 2: 798 + 5 = 803, mod 1000 = 803."
+    assert probe.first_wrong_line(want, want) is None
+    cases = {"Step 1: 727 * 74 = 54058, mod 1000 = 58.": "arithmetic *",
+             "Step 1: 72 * 74 = 5328, mod 1000 = 328.": "carried value",
+             "Step 1: 727 + 74 = 801, mod 1000 = 801.": "operation",
+             "Step 1: 727 * 74 = 53798, mod 1000 = 799.": "mod",
+             "The final value": "format"}
+    for line, cause in cases.items():
+        assert probe.first_wrong_line(line, want) == (0, cause)
+    assert probe.first_wrong_line(want.splitlines()[0], want) == (1, "format")  # stopped early
+
+
+def test_the_probe_tells_copying_from_one_repeated_word():
+    want = "Song about salt:\nquiet river morning\nnorth"
+    assert probe.copied_words(want, want) == (1.0, 0.25)
+    same, top = probe.copied_words("Song about salt:\nstone stone stone stone", want)
+    assert same == 0.0 and top == 1.0

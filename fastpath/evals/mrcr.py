@@ -34,12 +34,12 @@ NEEDLES = (2, 4, 8)
 RANDOM_STRING_LEN = 10
 REDRAWS = 16  # draws of (target, seed) per document before a bucket is called too small
 
-_FORMATS = ("poem", "short story", "riddle", "limerick", "essay", "haiku", "social media post", "blog post",
+FORMATS = ("poem", "short story", "riddle", "limerick", "essay", "haiku", "social media post", "blog post",
             "song", "letter")
-_TOPICS = ("tapirs", "lighthouses", "glaciers", "bicycles", "owls", "copper mines", "tea ceremonies", "comets",
+TOPICS = ("tapirs", "lighthouses", "glaciers", "bicycles", "owls", "copper mines", "tea ceremonies", "comets",
            "harbors", "violins", "deserts", "bees", "clocks", "rivers", "salt", "kites", "volcanoes", "maps",
            "ferns", "trains", "lanterns", "otters", "bridges", "orchards")
-_WORDS = ("amber", "quiet", "river", "stone", "light", "morning", "hollow", "silver", "winter", "garden",
+WORDS = ("amber", "quiet", "river", "stone", "light", "morning", "hollow", "silver", "winter", "garden",
           "slow", "bright", "shadow", "harbor", "ember", "north", "thread", "echo", "field", "lantern",
           "salt", "copper", "drift", "meadow", "spark", "tide", "wander", "cedar", "velvet", "storm",
           "paper", "iron", "bloom", "ridge", "whisper", "orbit", "glass", "fable", "marrow", "pulse")
@@ -81,10 +81,10 @@ def ordinal(n: int) -> str:
     return _ORDINALS.get(n, f"{n}th")
 
 
-def _answer_text(rng: random.Random, fmt: str, topic: str, words: int) -> str:
+def answer_text(rng: random.Random, fmt: str, topic: str, words: int) -> str:
     lines, line = [], []
     for _ in range(words):
-        line.append(rng.choice(_WORDS))
+        line.append(rng.choice(WORDS))
         if len(line) >= rng.randint(4, 8):
             lines.append(" ".join(line))
             line = []
@@ -105,13 +105,13 @@ def generate_doc(seed: int, target_tokens: int, n_needles: int,
     if n_needles not in NEEDLES:
         raise ValueError(f"n_needles {n_needles}: openai/mrcr uses {', '.join(map(str, NEEDLES))}")
     rng = random.Random(seed)
-    fmt, topic = rng.choice(_FORMATS), rng.choice(_TOPICS)
-    needles = [(fmt, topic, _answer_text(rng, fmt, topic, rng.randint(*answer_words))) for _ in range(n_needles)]
+    fmt, topic = rng.choice(FORMATS), rng.choice(TOPICS)
+    needles = [(fmt, topic, answer_text(rng, fmt, topic, rng.randint(*answer_words))) for _ in range(n_needles)]
     which = rng.randint(1, n_needles)
     secret = "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(RANDOM_STRING_LEN))
     final = {"role": "user", "content": (f"Prepend {secret} to the {ordinal(which)} (1 indexed) {fmt} about "
                                          f"{topic}. Do not include any other text in your response.")}
-    others = [(f, t) for f in _FORMATS for t in _TOPICS if (f, t) != (fmt, topic)]
+    others = [(f, t) for f in FORMATS for t in TOPICS if (f, t) != (fmt, topic)]
 
     def pair(turn: tuple[str, str, str]) -> list[dict]:
         return [{"role": "user", "content": _ask(turn[0], turn[1])}, {"role": "assistant", "content": turn[2]}]
@@ -125,7 +125,7 @@ def generate_doc(seed: int, target_tokens: int, n_needles: int,
     fillers: list[tuple[str, str, str]] = []
     while estimate <= target_tokens:
         f, t = rng.choice(others)
-        fillers.append((f, t, _answer_text(rng, f, t, rng.randint(*answer_words))))
+        fillers.append((f, t, answer_text(rng, f, t, rng.randint(*answer_words))))
         estimate += count_tokens(pair(fillers[-1]) + [final]) - alone
     slots = sorted(rng.randint(0, len(fillers)) for _ in range(n_needles))
     while True:

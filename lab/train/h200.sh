@@ -4,9 +4,11 @@
 #   bash lab/train/h200.sh .train/run1     # a later run, from the state the previous one returned
 # Carry `.whl` (fla-core 0.6.0, for chunk_kda's forward and backward) and, for a later run, the
 # folder holding the previous run's state-*.safetensors and train-log.jsonl (e.g. `.train`).
-# $OUT gets state-00..03.safetensors (53 MiB), train-log.jsonl and logs.tar.gz: 6 files.
-# lab/train/run.py stops itself inside --budget, so the state is saved before the step's limit.
+# $OUT gets state-00..03.safetensors (53 MiB), train-log.jsonl, probe.json and logs.tar.gz: 7 files.
+# lab/train/run.py stops itself inside --budget, so the state is saved before the step's limit;
+# then the probe (lab/train/probe.py) says what the weights can do on the tasks, not only the loss.
 set -u
 resume=${1:-}
 exec bash lab/gpu_steps.sh \
-  "train:560:python3 -m lab.train.run --budget 540 --total-train-s 900 --out \$OUT${resume:+ --resume $resume}"
+  "train:505:python3 -m lab.train.run --budget 490 --total-train-s 900 --out \$OUT${resume:+ --resume $resume}" \
+  "probe:75:python3 -m lab.train.export \$OUT /tmp/probe.safetensors && python3 -m lab.train.probe /tmp/probe.safetensors --device cuda --out \$OUT/probe.json"

@@ -4,7 +4,7 @@ sees exactly the batches the lost one would have, and nothing but seeds travels 
 A step has one row length T (drawn by their token shares from ``Mix.short_lengths`` for the
 first ``Mix.short_steps`` steps, then from ``Mix.lengths``) and
 ``tokens_per_step // T`` rows. A row is one MRCR conversation of 60-95 % of T, or as many AIME /
-JSON documents as fit (each starts with its own bos, as an eval prompt does; an AIME problem
+JSON / copy documents as fit (each starts with its own bos, as an eval prompt does; an AIME problem
 takes as many operations as the room left holds); the rest is padding. The MRCR and AIME
 documents are the evals suite's own, on training seeds, rendered as its adapter renders them
 (eval_tasks). The short steps are a curriculum for MRCR: training run 2 held MRCR's loss flat at
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lab.train import eval_tasks, json_tasks
+from lab.train import copy_tasks, eval_tasks, json_tasks
 
-KINDS = ("mrcr", "aime", "json")
+KINDS = ("mrcr", "aime", "json", "copy")
 MRCR_ANSWER_TOKENS = 320  # an upper bound of an MRCR answer (40 words, the random string, the turn end)
 MRCR_MIN_PROMPT_TOKENS = 250  # the target below which the generator makes its smallest conversation
 
@@ -40,7 +40,8 @@ class Mix:
     short_steps: int = 1500
     short_lengths: tuple[tuple[int, float], ...] = ((512, 0.3), (1024, 0.4), (2048, 0.3))
     # row kinds and their probabilities
-    kinds: tuple[tuple[str, float], ...] = (("mrcr", 0.5), ("aime", 0.4), ("json", 0.1))
+    # copy rows (copy_tasks.py) teach the copying MRCR grades, which MRCR rows alone did not
+    kinds: tuple[tuple[str, float], ...] = (("mrcr", 0.4), ("aime", 0.35), ("json", 0.1), ("copy", 0.15))
     context_weight: float = 0.1
     seed: int = 0
 
@@ -98,6 +99,9 @@ def _document(kind: str, tok, seed: int, room: int):
             p, t = eval_tasks.render_plain(tok, *json_tasks.features_pair(i, rng.choice(("json_schema", "regex"))))
         else:
             p, t = eval_tasks.render_chat(tok, *json_tasks.record_pair(seed))
+        h = eval_tasks.content_hash(tok.decode(p))
+    elif kind == "copy":
+        p, t = eval_tasks.render_chat(tok, *copy_tasks.copy_pair(seed))
         h = eval_tasks.content_hash(tok.decode(p))
     else:
         # the prompt fills 60-95 % of the row, less the longest answer

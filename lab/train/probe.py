@@ -1,0 +1,132 @@
+"""What a weights file can do on the training tasks: ``python3 -m lab.train.probe WEIGHTS [--n 8]``.
+
+Greedy generations of the standard path on documents no training step or eval draws (seeds from
+``PROBE_SEED_BASE``), scored as the evals score them, with what the evals do not say:
+
+* MRCR at a short and a long context: the official score, and how many answer words after the
+  heading are the requested message's (copying) against the most common word (the first
+  checkpoint's failure: one word repeated);
+* AIME-format problems: exact match, the first wrong line of the worked solution and what made
+  it wrong (the carried value, the operation read from the problem, or the arithmetic);
+* copy tasks (copy_tasks.py): exact copies.
+
+Runs on CPU (the trained config, ~1-15 s a document) and on the GPU after a training run, so a
+run's return says what it learnt, not only its loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import hashlib
+import json
+import re
+import time
+
+from lab.train import copy_tasks, eval_tasks
+from fastpath.evals import aime, mrcr
+
+PROBE_SEED_BASE = 1 << 41  # training draws from 2^40 (a few 10^9 above it), parity from 2^39, evals below 2^31
+LINE = re.compile(r"Step (\d+): (-?\d+) ([-+*]) (\d+) = (-?\d+), mod 1000 = (\d+)\.")
+
+
+def first_wrong_line(got: str, want: str) -> tuple[int, str] | None:
+    """(index, cause) of the first line of ``got`` that differs from the worked solution ``want``,
+    or None if every line matches."""
+    g_lines, w_lines = got.splitlines(), want.splitlines()
+    for i, w in enumerate(w_lines):
+        g = g_lines[i] if i < len(g_lines) else ""
+        if g == w:
+            continue
+        gm, wm = LINE.fullmatch(g), LINE.fullmatch(w)
+        if not gm or not wm:
+            return i, "format"
+        if gm.group(2) != wm.group(2):
+            return i, "carried value"
+        if gm.group(3, 4) != wm.group(3, 4):
+            return i, "operation"
+        if gm.group(5) != wm.group(5):
+            return i, f"arithmetic {wm.group(3)}"
+        return i, "mod"
+    return None
+
+
+def copied_words(got: str, want: str) -> tuple[float, float]:
+    """(share of the wanted message's words ``got`` has at the same place, share of ``got``'s words
+    that are its most common word): after the heading line, word by word."""
+    g = got.split("\n", 1)[1].split() if "\n" in got else []
+    w = want.split("\n", 1)[1].split() if "\n" in want else []
+    same = sum(a == b for a, b in zip(g, w)) / max(1, len(w))
+    top = collections.Counter(g).most_common(1)[0][1] / len(g) if g else 0.0
+    return same, top
+
+
+def _generate(model, rendered: list[tuple[list[int], list[int]]], extra: int) -> list[str]:
+    """Greedy texts of the prompts, in one batch, each up to its answer's length + ``extra``."""
+    from fastpath.engine import GenerationRequest
+
+    requests = [GenerationRequest(prompt_ids=p, max_tokens=len(t) + extra) for p, t in rendered]
+    return [r.text for r in model.generate(requests)]
+
+
+def probe(model, tok, n: int, mrcr_tokens=(400, 2000), aime_steps: int = 24, say=print) -> dict:
+    out: dict = {}
+    for size in mrcr_tokens:
+        scores, same, top = [], [], []
+        rows = [eval_tasks.mrcr_row(PROBE_SEED_BASE + 1000 * size + i, size, tok) for i in range(n)]
+        texts = _generate(model, [eval_tasks.render_mrcr(tok, row) for row in rows], 8)
+        for row, text in zip(rows, texts):
+            scores.append(mrcr.grade(text, row["answer"], row["random_string_to_prepend"]))
+            s, m = copied_words(text.removeprefix(row["random_string_to_prepend"]),
+                                row["answer"].removeprefix(row["random_string_to_prepend"]))
+            same.append(s)
+            top.append(m)
+        out[f"mrcr_{size}"] = {"score": round(sum(scores) / n, 3), "words_in_place": round(sum(same) / n, 3),
+                               "most_common_word_share": round(sum(top) / n, 3)}
+        say(f"mrcr ~{size} tokens: {json.dumps(out[f'mrcr_{size}'])}")
+    exact, causes, reached = 0, collections.Counter(), []
+    rows = [aime.generate(PROBE_SEED_BASE + i, 1, aime_steps)[0] for i in range(n)]
+    texts = _generate(model, [eval_tasks.render_aime(tok, row) for row in rows], 32)
+    for row, text in zip(rows, texts):
+        want = aime.solution(row)
+        exact += text.strip().endswith(f"\\boxed{{{row['answer']}}}.")
+        wrong = first_wrong_line(text, want)
+        reached.append(len(want.splitlines()) if wrong is None else wrong[0])
+        causes[wrong[1] if wrong else "none"] += 1
+    out["aime"] = {"steps": aime_steps, "exact": exact / n, "lines_right_before_the_first_error": reached,
+                   "first_error": dict(causes)}
+    say(f"aime {aime_steps} steps: {json.dumps(out['aime'])}")
+    pairs = [copy_tasks.copy_pair(PROBE_SEED_BASE + i) for i in range(n)]
+    texts = _generate(model, [eval_tasks.render_chat(tok, *pair) for pair in pairs], 8)
+    out["copy"] = {"exact": sum(text == answer for text, (_, answer) in zip(texts, pairs)) / n}
+    say(f"copy: {json.dumps(out['copy'])}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("weights", help="a safetensors file of the trained config (lab.train.export writes one)")
+    ap.add_argument("--n", type=int, default=8, help="documents per task")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", default=None, help="write the summary here as JSON")
+    args = ap.parse_args(argv)
+
+    from optimized_model.k3.engine import EmbeddedEngine
+
+    with open(args.weights, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    engine = EmbeddedEngine(config="trained", device=args.device, dtype="float32" if args.device == "cpu" else None,
+                            weights=args.weights, weights_sha256=digest, threads=2 if args.device == "cpu" else None,
+                            standard_compile="off")  # no Inductor compile inside a training command's minute
+    model = engine.load("standard")
+    t0 = time.monotonic()
+    summary = probe(model, model.tokenizer, args.n, say=lambda s: print(s, flush=True))
+    summary.update(weights=args.weights, sha256=digest, seconds=round(time.monotonic() - t0, 1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(summary, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
