@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,38 @@ def test_answer_extraction_is_lm_evals_nested_braces_and_last_box(aime_task):
     assert score("no box, just 42", "42") == 0
     row = aime.generate(2, 1, 30)[0]
     assert score(aime.solution(row), row["answer"]) == 1  # a worked solution scores
+
+
+def _worked_ops(line: str) -> list[tuple[int, str, int, int, int]]:
+    """Every column of a "columns" work line: (digit, sign, digit, carry, result)."""
+    return [(int(a), op, int(b), int(c or 0), int(r)) for a, op, b, c, r in
+            re.findall(r"(\d+)([*+-])(\d+)(?:\+(\d+))?=(\d+)", line.split(": ", 1)[1])]
+
+
+def test_a_column_worked_solution_is_right_column_by_column_and_carries_what_it_wrote():
+    """Every column of every line is right, its carry is the tens of the column before (what
+    the line wrote), the line's "so N" is its operation's value and each step's x the last one's."""
+    for row in aime.generate(4, 40, 12):
+        lines = aime.solution(row, "columns").splitlines()
+        assert lines[-1].endswith(f"\\boxed{{{row['answer']}}}.")
+        x = None
+        for line in lines[:-1]:
+            head = re.fullmatch(r"Step \d+: x = (\d+), (add|subtract|multiply by) (\d+)\.", line)
+            if head:
+                assert x is None or int(head.group(1)) == x
+                continue
+            op_text, so = re.fullmatch(r"(.*?): .*, so (\d+)(?:, mod 1000 = \d+)?\.", line).groups()
+            carry = 0
+            for a, op, b, c, r in _worked_ops(line):
+                if op == "-":  # the complement: 10-d for the lowest non-zero digit, 9-d above it
+                    assert a in (9, 10) and r == a - b
+                    continue
+                assert c == (carry if op == "*" else min(carry, 1)) and r == (a * b if op == "*" else a + b) + c
+                carry = r // 10
+            a, sign, b = re.fullmatch(r"(\d+) ([-+*]) (\d+)", op_text).groups()
+            assert int(so) == {"+": int(a) + int(b), "*": int(a) * int(b), "-": int(a) - int(b)}[sign]
+            if ", mod 1000 = " in line:
+                x = int(so) % 1000
+                assert line.endswith(f"mod 1000 = {x}.")
+    with pytest.raises(ValueError, match="solution style 'prose'"):
+        aime.solution(aime.generate(1, 1, 3)[0], "prose")

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from fastpath.evals import mrcr
+from fastpath.evals import aime, mrcr
 from lab.train import checkpoint, copy_tasks, eval_tasks, json_tasks, probe
 from lab.train.loop import TrainConfig, make_optimizer, train
 from lab.train.mix import KINDS, Mix, make_batch
@@ -136,15 +136,16 @@ def test_training_aime_problems_are_the_suites_with_solutions_of_hundreds_to_tho
     tok = K3Tokenizer()
     short = eval_tasks.aime_row(eval_tasks.TRAIN_SEED_BASE, eval_tasks.AIME_STEPS[0])
     long = eval_tasks.aime_row(eval_tasks.TRAIN_SEED_BASE, eval_tasks.AIME_STEPS[1])
-    for row in (short, long):
-        prompt, target = eval_tasks.render_aime(tok, row)
-        assert tok.decode(target).endswith(f"\\boxed{{{row['answer']}}}.")
-        steps = row["problem"].count(";") + 1  # the room aime_steps reserves holds the document
-        assert len(prompt) + len(target) <= eval_tasks.AIME_BASE_TOKENS + eval_tasks.AIME_STEP_TOKENS * steps
+    for style in aime.STYLES:
+        for row in (short, long) + tuple(eval_tasks.aime_row(eval_tasks.TRAIN_SEED_BASE + i, 24) for i in range(20)):
+            prompt, target = eval_tasks.render_aime(tok, row, style)
+            assert tok.decode(target).endswith(f"\\boxed{{{row['answer']}}}.")
+            steps = row["problem"].count(";") + 1  # the room aime_steps reserves holds the document
+            assert len(prompt) + len(target) <= eval_tasks.AIME_BASE_TOKENS + eval_tasks.AIME_STEP_TOKENS[style] * steps
+        for room in (300, 2048, 16384):
+            steps = eval_tasks.aime_steps(eval_tasks.TRAIN_SEED_BASE + room, room, style)
+            assert steps is None if room == 300 else eval_tasks.AIME_STEPS[0] <= steps <= eval_tasks.AIME_STEPS[1]
     assert 100 < len(eval_tasks.render_aime(tok, short)[1]) < 300 < 1800 < len(eval_tasks.render_aime(tok, long)[1])
-    for room in (300, 2048, 16384):
-        steps = eval_tasks.aime_steps(eval_tasks.TRAIN_SEED_BASE + room, room)
-        assert steps is None if room == 300 else eval_tasks.AIME_STEPS[0] <= steps <= eval_tasks.AIME_STEPS[1]
 
 
 def test_training_documents_render_as_the_eval_adapter_sends_them(tmp_path):
@@ -244,6 +245,22 @@ def test_the_probe_names_the_first_wrong_line_of_a_worked_solution_and_its_cause
     for line, cause in cases.items():
         assert probe.first_wrong_line(line, want) == (0, cause)
     assert probe.first_wrong_line(want.splitlines()[0], want) == (1, "format")  # stopped early
+    row = {"problem": "Let x = 727. Apply the following 2 operations to x in order, replacing x after each one by "
+                      "its remainder when divided by 1000: multiply by 74; subtract 560. What is the final value of x?",
+           "answer": "238"}
+    want = aime.solution(row, "columns").splitlines()
+    assert want[:5] == ["Step 1: x = 727, multiply by 74.", "727 * 4: 7*4=28, 2*4+2=10, 7*4+1=29, so 2908.",
+                        "727 * 7: 7*7=49, 2*7+4=18, 7*7+1=50, so 5089.",
+                        "908 + 890: 8+0=8, 0+9=9, 9+8=17, so 1798, mod 1000 = 798.",
+                        "Step 2: x = 798, subtract 560."]
+    assert want[5] == "1000 - 560: 0, 10-6=4, 9-5=4, so 440."
+    for i, wrong, cause in [(0, "Step 1: x = 72, multiply by 74.", "carried value"),
+                            (0, "Step 1: x = 727, add 74.", "operation"),
+                            (1, "727 * 4: 7*4=28, 2*4+2=10, 7*4+1=29, so 2918.", "arithmetic *"),
+                            (3, "908 + 890: 8+0=8, 0+9=9, 9+8=17, so 1898, mod 1000 = 898.", "arithmetic +"),
+                            (5, "1000 - 560: 0, 10-6=4, 9-5=4, so 450.", "arithmetic complement")]:
+        got = want[:i] + [wrong] + want[i + 1:]
+        assert probe.first_wrong_line("\n".join(got), "\n".join(want)) == (i, cause)
 
 
 def test_the_probe_tells_copying_from_one_repeated_word():

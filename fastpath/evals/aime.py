@@ -10,8 +10,22 @@ the fields of lm-eval's aime25 data that its task reads:
     problem  str   the question (lm-eval renders it as "Question: {problem}\\nAnswer:")
     answer   str   the final value, 0-999, in digits
 
-``solution(row)`` is the step-by-step worked answer ending in ``\\boxed{N}`` (training data for
-a subject that should solve these).
+``solution(row, style)`` is the step-by-step worked answer ending in ``\\boxed{N}`` (training data
+for a subject that should solve these), in one of ``STYLES``:
+
+* ``lines``: one line per operation, ``Step 7: 437 * 83 = 36271, mod 1000 = 271.``;
+* ``columns``: each operation worked digit by digit from the right, every carry written out, so
+  that each token of the work is a lookup in the times or addition table of two digits and a
+  carry written just before it (a small model gets whole products wrong: docs/k3-mini.md);
+  a subtraction adds the complement modulo 1000, a product by ``10a + b`` adds the last three
+  digits of ``x * b`` and of ``x * a`` shifted by one:
+
+      Step 7: x = 437, multiply by 83.
+      437 * 3: 7*3=21, 3*3+2=11, 4*3+1=13, so 1311.
+      437 * 8: 7*8=56, 3*8+5=29, 4*8+2=34, so 3496.
+      311 + 960: 1+0=1, 1+6=7, 3+9=12, so 1271, mod 1000 = 271.
+
+``SOLUTION_STYLE`` is the style the trained checkpoint learnt: parity scores it (sequences.py).
 """
 
 from __future__ import annotations
@@ -58,8 +72,67 @@ def generate(seed: int, n: int, steps: int) -> list[dict]:
     return rows
 
 
-def solution(row: dict) -> str:
-    """The worked solution of a generated problem, one line per step, ending in \\boxed{answer}."""
+STYLES = ("lines", "columns")
+SOLUTION_STYLE = "lines"
+
+
+def _digits(n: int) -> list[int]:
+    """The three decimal digits of 0 <= ``n`` < 1000, least significant first."""
+    return [n % 10, n // 10 % 10, n // 100]
+
+
+def _column_sum(a: int, b: int) -> str:
+    """``a + b`` column by column from the right, the operands written with three digits:
+    ``311 + 960: 1+0=1, 1+6=7, 3+9=12, so 1271``."""
+    cols, carry = [], 0
+    for x, y in zip(_digits(a), _digits(b)):
+        cols.append(f"{x}+{y}{'+1' if carry else ''}={x + y + carry}")
+        carry = (x + y + carry) // 10
+    return f"{a:03d} + {b:03d}: {', '.join(cols)}, so {a + b}"
+
+
+def _column_product(a: int, m: int) -> str:
+    """``a * m`` for one digit ``m``, ``a`` written with three digits:
+    ``437 * 3: 7*3=21, 3*3+2=11, 4*3+1=13, so 1311``."""
+    cols, carry = [], 0
+    for x in _digits(a):
+        cols.append(f"{x}*{m}{f'+{carry}' if carry else ''}={x * m + carry}")
+        carry = (x * m + carry) // 10
+    return f"{a:03d} * {m}: {', '.join(cols)}, so {a * m}"
+
+
+def _complement(k: int) -> str:
+    """``1000 - k`` digit by digit from the right (trailing zeros stay, the first other digit d
+    becomes 10-d, the rest 9-d): ``1000 - 560: 0, 10-6=4, 9-5=4, so 440``."""
+    cols, seen = [], False
+    for d in _digits(k):
+        if not seen and d == 0:
+            cols.append("0")
+        else:
+            cols.append(f"{9 if seen else 10}-{d}={(9 if seen else 10) - d}")
+            seen = True
+    return f"{MODULUS} - {k:03d}: {', '.join(cols)}, so {MODULUS - k}"
+
+
+def _worked_columns(value: int, op: str, k: int) -> list[str]:
+    """The work of one operation in the columns style, after its ``Step`` line."""
+    if op == "add":
+        return [f"{_column_sum(value, k)}, mod {MODULUS} = {(value + k) % MODULUS}."]
+    if op == "subtract":
+        c = MODULUS - k
+        return [f"{_complement(k)}.", f"{_column_sum(value, c)}, mod {MODULUS} = {(value + c) % MODULUS}."]
+    tens, ones = divmod(k, 10)
+    if not tens:
+        return [f"{_column_product(value, ones)}, mod {MODULUS} = {value * ones % MODULUS}."]
+    low, high = value * ones % MODULUS, value * tens % 100 * 10
+    return [f"{_column_product(value, ones)}.", f"{_column_product(value, tens)}.",
+            f"{_column_sum(low, high)}, mod {MODULUS} = {(low + high) % MODULUS}."]
+
+
+def solution(row: dict, style: str = SOLUTION_STYLE) -> str:
+    """The worked solution of a generated problem in ``style`` (STYLES), ending in \\boxed{answer}."""
+    if style not in STYLES:
+        raise ValueError(f"solution style {style!r}: use one of {', '.join(STYLES)}")
     m = re.match(r"Let x = (\d+)\.", row["problem"])
     listed = row["problem"].split(": ", 1)[1]
     if not m:
@@ -67,7 +140,10 @@ def solution(row: dict) -> str:
     value, lines = int(m.group(1)), []
     for i, (op, k) in enumerate(_STEP.findall(listed), 1):
         raw = _raw(value, op, int(k))
-        lines.append(f"Step {i}: {value} {_SIGNS[op]} {k} = {raw}, mod {MODULUS} = {raw % MODULUS}.")
+        if style == "lines":
+            lines.append(f"Step {i}: {value} {_SIGNS[op]} {k} = {raw}, mod {MODULUS} = {raw % MODULUS}.")
+        else:
+            lines += [f"Step {i}: x = {value}, {op} {k}.", *_worked_columns(value, op, int(k))]
         value = raw % MODULUS
     if str(value) != str(row["answer"]):
         raise ValueError(f"the worked steps end at {value}, not at the row's answer {row['answer']}")

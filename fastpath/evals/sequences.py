@@ -46,11 +46,11 @@ def render_mrcr(tok, row: dict) -> tuple[list[int], list[int]]:
     return prompt, tok.encode(row["answer"], bos=False) + _turn_end(tok)
 
 
-def render_aime(tok, row: dict) -> tuple[list[int], list[int]]:
-    """(prompt ids, answer ids): the aime25 prompt as one user turn; the worked solution ending
-    in \\boxed{N}."""
+def render_aime(tok, row: dict, style: str = aime.SOLUTION_STYLE) -> tuple[list[int], list[int]]:
+    """(prompt ids, answer ids): the aime25 prompt as one user turn; the worked solution (in
+    ``style``) ending in \\boxed{N}."""
     prompt = tok.apply_chat_template(chat_turns(AIME_DOC_TO_TEXT.format(problem=row["problem"]), row, None))
-    return prompt, tok.encode(aime.solution(row), bos=False) + _turn_end(tok)
+    return prompt, tok.encode(aime.solution(row, style), bos=False) + _turn_end(tok)
 
 
 def _document(tok, seed: int, room: int) -> list[int]:

@@ -32,7 +32,9 @@ TRAIN_SEED_BASE = 1 << 40
 # operations per training AIME problem: the eval tiers' 3 and 40 inside; 3 steps are ~150 tokens
 # of solution, 48 steps ~2k
 AIME_STEPS = (3, 48)
-AIME_STEP_TOKENS, AIME_BASE_TOKENS = 60, 260  # upper bounds: problem + solution per step, and the rest
+# upper bounds: problem + solution per step (by solution style; 203 is the longest "columns" step
+# over every value and operand), and the rest
+AIME_STEP_TOKENS, AIME_BASE_TOKENS = {"lines": 60, "columns": 205}, 260
 
 
 def content_hash(text: str) -> str:
@@ -86,9 +88,10 @@ def mrcr_row(seed: int, target_tokens: int, tok) -> dict:
     return row
 
 
-def aime_steps(seed: int, room: int) -> int | None:
-    """Operations of a training problem whose prompt and solution fit ``room`` tokens, or None."""
-    top = min(AIME_STEPS[1], (room - AIME_BASE_TOKENS) // AIME_STEP_TOKENS)
+def aime_steps(seed: int, room: int, style: str = aime.SOLUTION_STYLE) -> int | None:
+    """Operations of a training problem whose prompt and solution (in ``style``) fit ``room``
+    tokens, or None."""
+    top = min(AIME_STEPS[1], (room - AIME_BASE_TOKENS) // AIME_STEP_TOKENS[style])
     return random.Random(f"train-aime/{seed}").randint(AIME_STEPS[0], top) if top >= AIME_STEPS[0] else None
 
 

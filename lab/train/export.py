@@ -15,6 +15,7 @@ import torch
 
 def main(argv: list[str] | None = None) -> int:
     from lab.train import checkpoint
+    from lab.train.loop import TrainConfig
     from lab.train.trainable import TrainableK3
     from optimized_model.k3.config import get_config
 
@@ -28,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, t in m.master.items():
             t.copy_(tensors[f"w/{name}"])
     path = checkpoint.export_weights(m.export(torch.bfloat16), args.out,
-                                     {"config": meta["config"], "step": meta["step"], "trained_s": meta["trained_s"]})
+                                     {"config": meta["config"], "step": meta["step"], "trained_s": meta["trained_s"],
+                                      "aime_style": TrainConfig.from_json(meta["train_config"]).mix.aime_style})
     print(f"{path}: sha256 {hashlib.sha256(path.read_bytes()).hexdigest()} ({path.stat().st_size} bytes, "
           f"config {meta['config']}, step {meta['step']})")
     return 0

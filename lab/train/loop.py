@@ -48,6 +48,7 @@ class TrainConfig:
     def from_json(cls, d: dict) -> "TrainConfig":
         d = dict(d)
         mix = d.pop("mix")
+        mix.setdefault("aime_style", "lines")  # a state saved before the styles trained on "lines"
         mix = Mix(**{k: tuple(tuple(x) for x in v) if isinstance(v, list) else v for k, v in mix.items()})
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}, mix=mix)
 

@@ -43,6 +43,9 @@ class Mix:
     # copy rows (copy_tasks.py) teach the copying MRCR grades, which MRCR rows alone did not
     kinds: tuple[tuple[str, float], ...] = (("mrcr", 0.4), ("aime", 0.35), ("json", 0.1), ("copy", 0.15))
     context_weight: float = 0.1
+    # the worked solutions' style (fastpath.evals.aime.STYLES): the first checkpoint, trained on
+    # "lines", got whole products wrong; "columns" works them digit by digit
+    aime_style: str = "columns"
     seed: int = 0
 
 
@@ -82,15 +85,15 @@ def _seed(mix: Mix, step: int, row: int, attempt: int) -> int:
     return eval_tasks.TRAIN_SEED_BASE + ((mix.seed * 1_000_003 + step) * 4096 + row) * 64 + attempt
 
 
-def _document(kind: str, tok, seed: int, room: int):
+def _document(kind: str, tok, seed: int, room: int, aime_style: str):
     """(prompt ids, target ids, content hash) of one document of ``kind``, or None if it is
     held out or does not fit ``room`` tokens."""
     if kind == "aime":
-        steps = eval_tasks.aime_steps(seed, room)
+        steps = eval_tasks.aime_steps(seed, room, aime_style)
         if steps is None:
             return None
         doc = eval_tasks.aime_row(seed, steps)
-        p, t = eval_tasks.render_aime(tok, doc)
+        p, t = eval_tasks.render_aime(tok, doc, aime_style)
         h = eval_tasks.document_hash("aime25", doc)
     elif kind == "json":
         rng = random.Random(seed)
@@ -132,7 +135,7 @@ def make_batch(mix: Mix, step: int, tok=None) -> Batch:
         kind = _choice(rng, mix.kinds)
         row = _Row(T, kind)
         for attempt in range(64):
-            doc = _document(kind, tok, _seed(mix, step, r, attempt), T - len(row.ids))
+            doc = _document(kind, tok, _seed(mix, step, r, attempt), T - len(row.ids), mix.aime_style)
             if doc is None:
                 if kind == "mrcr" or not row.ids:
                     continue  # a held-out or oversized document: draw the next seed

@@ -27,27 +27,37 @@ from lab.train import copy_tasks, eval_tasks
 from fastpath.evals import aime, mrcr
 
 PROBE_SEED_BASE = 1 << 41  # training draws from 2^40 (a few 10^9 above it), parity from 2^39, evals below 2^31
-LINE = re.compile(r"Step (\d+): (-?\d+) ([-+*]) (\d+) = (-?\d+), mod 1000 = (\d+)\.")
+LINE = re.compile(r"Step (\d+): (-?\d+) ([-+*]) (\d+) = (-?\d+), mod 1000 = (\d+)\.")  # "lines"
+HEAD = re.compile(r"Step (\d+): x = (\d+), (add|subtract|multiply by) (\d+)\.")  # "columns"
+WORK = {" * ": "arithmetic *", " + ": "arithmetic +", "1000 - ": "arithmetic complement"}  # "columns"
+
+
+def _cause(g: str, w: str) -> str:
+    """Why line ``g`` of a generation is not line ``w`` of the worked solution."""
+    if LINE.fullmatch(w):
+        gm, wm = LINE.fullmatch(g), LINE.fullmatch(w)
+        if not gm:
+            return "format"
+        if gm.group(2) != wm.group(2):
+            return "carried value"
+        if gm.group(3, 4) != wm.group(3, 4):
+            return "operation"
+        return f"arithmetic {wm.group(3)}" if gm.group(5) != wm.group(5) else "mod"
+    if HEAD.fullmatch(w):
+        gm, wm = HEAD.fullmatch(g), HEAD.fullmatch(w)
+        return "format" if not gm else "carried value" if gm.group(2) != wm.group(2) else "operation"
+    work = w.split(":", 1)[0]
+    return next((cause for sign, cause in WORK.items() if sign in work), "format")
 
 
 def first_wrong_line(got: str, want: str) -> tuple[int, str] | None:
-    """(index, cause) of the first line of ``got`` that differs from the worked solution ``want``,
-    or None if every line matches."""
+    """(index, cause) of the first line of ``got`` that differs from the worked solution ``want``
+    (either style of fastpath.evals.aime), or None if every line matches."""
     g_lines, w_lines = got.splitlines(), want.splitlines()
     for i, w in enumerate(w_lines):
         g = g_lines[i] if i < len(g_lines) else ""
-        if g == w:
-            continue
-        gm, wm = LINE.fullmatch(g), LINE.fullmatch(w)
-        if not gm or not wm:
-            return i, "format"
-        if gm.group(2) != wm.group(2):
-            return i, "carried value"
-        if gm.group(3, 4) != wm.group(3, 4):
-            return i, "operation"
-        if gm.group(5) != wm.group(5):
-            return i, f"arithmetic {wm.group(3)}"
-        return i, "mod"
+        if g != w:
+            return i, _cause(g, w)
     return None
 
 
@@ -69,7 +79,7 @@ def _generate(model, rendered: list[tuple[list[int], list[int]]], extra: int) ->
     return [r.text for r in model.generate(requests)]
 
 
-def probe(model, tok, n: int, mrcr_tokens=(400, 2000), aime_steps: int = 24, say=print) -> dict:
+def probe(model, tok, n: int, aime_style: str, mrcr_tokens=(400, 2000), aime_steps: int = 24, say=print) -> dict:
     out: dict = {}
     for size in mrcr_tokens:
         scores, same, top = [], [], []
@@ -86,14 +96,14 @@ def probe(model, tok, n: int, mrcr_tokens=(400, 2000), aime_steps: int = 24, say
         say(f"mrcr ~{size} tokens: {json.dumps(out[f'mrcr_{size}'])}")
     exact, causes, reached = 0, collections.Counter(), []
     rows = [aime.generate(PROBE_SEED_BASE + i, 1, aime_steps)[0] for i in range(n)]
-    texts = _generate(model, [eval_tasks.render_aime(tok, row) for row in rows], 32)
+    texts = _generate(model, [eval_tasks.render_aime(tok, row, aime_style) for row in rows], 32)
     for row, text in zip(rows, texts):
-        want = aime.solution(row)
+        want = aime.solution(row, aime_style)
         exact += text.strip().endswith(f"\\boxed{{{row['answer']}}}.")
         wrong = first_wrong_line(text, want)
         reached.append(len(want.splitlines()) if wrong is None else wrong[0])
         causes[wrong[1] if wrong else "none"] += 1
-    out["aime"] = {"steps": aime_steps, "exact": exact / n, "lines_right_before_the_first_error": reached,
+    out["aime"] = {"steps": aime_steps, "style": aime_style, "exact": exact / n, "lines_right_before_the_first_error": reached,
                    "first_error": dict(causes)}
     say(f"aime {aime_steps} steps: {json.dumps(out['aime'])}")
     pairs = [copy_tasks.copy_pair(PROBE_SEED_BASE + i) for i in range(n)]
@@ -111,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="write the summary here as JSON")
     args = ap.parse_args(argv)
 
+    from safetensors import safe_open
+
     from optimized_model.k3.engine import EmbeddedEngine
 
     with open(args.weights, "rb") as f:
@@ -119,8 +131,11 @@ def main(argv: list[str] | None = None) -> int:
                             weights=args.weights, weights_sha256=digest, threads=2 if args.device == "cpu" else None,
                             standard_compile="off")  # no Inductor compile inside a training command's minute
     model = engine.load("standard")
+    # the style the weights learnt: lab.train.export records it; the committed checkpoint's is aime's default
+    with safe_open(args.weights, "pt") as f:
+        style = (f.metadata() or {}).get("aime_style", aime.SOLUTION_STYLE)
     t0 = time.monotonic()
-    summary = probe(model, model.tokenizer, args.n, say=lambda s: print(s, flush=True))
+    summary = probe(model, model.tokenizer, args.n, style, say=lambda s: print(s, flush=True))
     summary.update(weights=args.weights, sha256=digest, seconds=round(time.monotonic() - t0, 1))
     if args.out:
         with open(args.out, "w") as f:
