@@ -13,6 +13,11 @@ for MRCR, one ``bucket`` case per prompt-length bucket of the tier (``evals/mrcr
 settings come from the spec's ``[evals]`` (fastpath/spec.py EVALS_DEFAULTS). All cases share one
 lm-eval run per path (fastpath/suites/test_evals.py): the plan only says which rows it must produce.
 
+Coverage: per decode shape of the tier's scope a ``decode`` and a ``profiler`` case, one
+``fallback`` case per declared fallback; then the same for each of the tier's
+``coverage_variants`` (another engine, e.g. a second model config, over its own slice of the
+scope), their ids ending in ``@NAME``.
+
 Perf: one ``speedup`` case per decode shape of the tier's scope (batch x context x draft x tp),
 one ``control`` case (standard vs standard, at the smallest shape) and one ``summary`` case (the
 K3-style table and the measured bandwidth). On the smoke tier (CPU: a fast step takes seconds
@@ -178,7 +183,19 @@ def _decode_configs(tier: Tier) -> list[dict]:
 
 
 def _coverage(spec: Spec, tier: Tier) -> list[Case]:
-    cases = [Case("coverage", "decode", f"coverage/decode/{_shape_id(c)}", c) for c in _decode_configs(tier)]
+    """The tier's coverage cases, then each coverage variant's over its own slice of the scope."""
+    cases = _coverage_of(spec, tier, None)
+    for name in tier.coverage_variants:
+        cases += _coverage_of(spec, tier.coverage_variant(name), name)
+    return cases
+
+
+def _coverage_of(spec: Spec, tier: Tier, variant: str | None) -> list[Case]:
+    """Coverage cases on one engine: ``variant`` None (the tier's), else ids ending in @variant
+    and ``config["variant"]``, which the plugin's fp_case_engine creates the engine from."""
+    tail, extra = ("", {}) if variant is None else (f"@{variant}", {"variant": variant})
+    cases = [Case("coverage", "decode", f"coverage/decode/{_shape_id(c)}{tail}", {**c, **extra})
+             for c in _decode_configs(tier)]
     s = tier.scope
     for step, reason in s["fallbacks"].items():
         cfg = {"fallback": step, "reason": reason, "batch": min(s["batch_sizes"]),
@@ -186,8 +203,9 @@ def _coverage(spec: Spec, tier: Tier) -> list[Case]:
                "out_of_scope_context": int(spec.features["max_context"]) + 1}
         if reason == "verify_rows_out_of_scope":
             cfg.update(_verify_rows_fallback(spec, tier))
-        cases.append(Case("coverage", "fallback", f"coverage/fallback/{step}", cfg))
-    cases += [Case("coverage", "profiler", f"coverage/profiler/{_shape_id(c)}", c) for c in _decode_configs(tier)]
+        cases.append(Case("coverage", "fallback", f"coverage/fallback/{step}{tail}", {**cfg, **extra}))
+    cases += [Case("coverage", "profiler", f"coverage/profiler/{_shape_id(c)}{tail}", {**c, **extra})
+              for c in _decode_configs(tier)]
     return cases
 
 
@@ -291,9 +309,13 @@ def build_plan(spec: Spec, tier: str | Tier) -> Plan:
     tier_obj = tier if isinstance(tier, Tier) else spec.tier(tier)
     plan = Plan(spec.name, spec.digest, tier_obj.name, spec.suites())
     plan.engine_options = {s: tier_obj.engine_options_for(s) for s in plan.suites if s in tier_obj.suite_engine_options}
+    if "coverage" in plan.suites:
+        plan.engine_options.update({f"coverage@{name}": tier_obj.engine_options_for("coverage", name)
+                                    for name in tier_obj.coverage_variants})
     for suite in plan.suites:
         for case in EXPANDERS[suite](spec, tier_obj):
-            reason = _waiver_reason(case, spec, tier_obj)
+            variant = case.config.get("variant")
+            reason = _waiver_reason(case, spec, tier_obj if variant is None else tier_obj.coverage_variant(variant))
             if reason:
                 plan.waivers.append(Waiver(case, reason))
             else:

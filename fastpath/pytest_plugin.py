@@ -389,6 +389,57 @@ def fp_models(request: pytest.FixtureRequest) -> LazyModels:
     models.close()
 
 
+class VariantEngines:
+    """The engines of the tier's coverage variants, each created on first use, once per session,
+    with its models (LazyModels)."""
+
+    def __init__(self, state: "FastpathSession") -> None:
+        self._state = state
+        self._engines: dict[str, Any] = {}
+        self._models: dict[str, LazyModels] = {}
+
+    def get(self, variant: str) -> tuple[Any, LazyModels]:
+        if variant not in self._engines:
+            state = self._state
+            engine = create_engine(state.spec.engine, state.tier.engine_options_for(state.suite, variant))
+            self._engines[variant] = engine
+            self._models[variant] = LazyModels(lambda: engine, state.spec.switch)
+        return self._engines[variant], self._models[variant]
+
+    def close(self) -> None:
+        for models in self._models.values():
+            models.close()
+        for engine in self._engines.values():
+            close = getattr(engine, "close", None)
+            if close is not None:
+                close()
+
+
+@pytest.fixture(scope="session")
+def fp_variants(request: pytest.FixtureRequest) -> VariantEngines:
+    variants = VariantEngines(_state(request.config))
+    yield variants
+    variants.close()
+
+
+@pytest.fixture
+def fp_case_engine(request: pytest.FixtureRequest, case: dict) -> Any:
+    """The engine of the case's coverage variant (``config["variant"]``), else fp_engine."""
+    variant = case["config"].get("variant")
+    if variant is None:
+        return request.getfixturevalue("fp_engine")
+    return request.getfixturevalue("fp_variants").get(variant)[0]
+
+
+@pytest.fixture
+def fp_case_models(request: pytest.FixtureRequest, case: dict) -> LazyModels:
+    """The models of the case's coverage variant, else fp_models."""
+    variant = case["config"].get("variant")
+    if variant is None:
+        return request.getfixturevalue("fp_models")
+    return request.getfixturevalue("fp_variants").get(variant)[1]
+
+
 @pytest.fixture(scope="session")
 def fp_gate(request: pytest.FixtureRequest) -> Callable[[str], dict[str, Any]]:
     spec = _state(request.config).spec

@@ -8,6 +8,7 @@ the line where the key is written. All errors of a file are reported at once.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import re
 import tomllib
@@ -27,6 +28,7 @@ FALLBACK_REASONS = ("prefill", "mixed_batch", "batch_out_of_scope", "context_out
 ENGINE_RE = re.compile(r"^[A-Za-z_][\w.-]*$|^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 ARCH_RE = re.compile(r"^sm_\d{2,3}a?$")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+VARIANT_RE = re.compile(r"[a-z][a-z0-9_]*")  # a coverage variant: the tail of its case ids
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,12 @@ SCHEMA = Field("table", fields={
         # per suite, options laid over engine_options (e.g. parity on a trained checkpoint while
         # perf and kernels stay on the large random model)
         "suite_engine_options": Field("map", keys=SUITES, values=Field("map", values=Field("data"))),
+        # coverage again on other engines (e.g. a second model config), each over its own slice of
+        # the scope: cases coverage/...@NAME (plan.py)
+        "coverage_variants": Field("map", values=Field("table", fields={
+            "engine_options": Field("map", required=True, values=Field("data")),
+            **SCOPE_OVERRIDES,
+        })),
         "dtypes": Field("list", nonempty=True, unique=True, items=Field("str", allowed=DTYPES)),
         "max_context": Field("int", minimum=1),
         **SCOPE_OVERRIDES,
@@ -198,9 +206,21 @@ class Tier:
     max_context: int
     suite_engine_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def engine_options_for(self, suite: str | None) -> dict[str, Any]:
-        """The engine options ``suite`` runs with: engine_options, then its suite_engine_options."""
-        return {**self.engine_options, **self.suite_engine_options.get(suite or "", {})}
+    # coverage variant name -> {"engine_options": {...}, and scope overrides}
+    coverage_variants: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def engine_options_for(self, suite: str | None, variant: str | None = None) -> dict[str, Any]:
+        """The engine options ``suite`` runs with: engine_options, then its suite_engine_options,
+        then (coverage) the variant's engine_options."""
+        options = {**self.engine_options, **self.suite_engine_options.get(suite or "", {})}
+        if variant is not None:
+            options.update(self.coverage_variants[variant]["engine_options"])
+        return options
+
+    def coverage_variant(self, name: str) -> "Tier":
+        """This tier as coverage runs variant ``name``: the variant's scope overrides laid over it."""
+        v = self.coverage_variants[name]
+        return dataclasses.replace(self, scope={**self.scope, **{k: v[k] for k in SCOPE_OVERRIDES if k in v}})
 
 
 @dataclass(frozen=True)
@@ -440,6 +460,16 @@ def _semantic_checks(data: dict, v: _Validator) -> None:
     for tier_name, tier in data["tiers"].items():
         options = [(["engine_options"], tier.get("engine_options", {}))]
         options += [(["suite_engine_options", s], o) for s, o in tier.get("suite_engine_options", {}).items()]
+        for name, variant in tier.get("coverage_variants", {}).items():
+            options.append((["coverage_variants", name, "engine_options"], variant.get("engine_options", {})))
+            if not VARIANT_RE.fullmatch(name):
+                v.err(["tiers", tier_name, "coverage_variants", name], f"{name!r} is not a valid variant name; "
+                      "expected lowercase letters, digits and '_' (it ends case ids: coverage/decode/...@NAME)")
+            limit = tier.get("max_context", max_context)
+            for i, c in enumerate(variant.get("context_lengths", [])):
+                if c > limit:
+                    v.err(["tiers", tier_name, "coverage_variants", name, "context_lengths", i],
+                          f"{c} exceeds the tier's max_context = {limit}")
         for where, opts in options:
             dtype = opts.get("dtype")
             if dtype is not None and dtype not in DTYPES:
@@ -508,7 +538,8 @@ def _build(path: Path, data: dict, text: str, digest: str) -> Spec:
         tier_scope = {**scope, **{k: t[k] for k in SCOPE_OVERRIDES if k in t}}
         dtypes = list(t.get("dtypes") or [options.get("dtype", "float32")])
         tiers[name] = Tier(name, options, tier_scope, dtypes, t.get("max_context", features["max_context"]),
-                           {k: dict(v) for k, v in t.get("suite_engine_options", {}).items()})
+                           {k: dict(v) for k, v in t.get("suite_engine_options", {}).items()},
+                           {k: copy.deepcopy(v) for k, v in t.get("coverage_variants", {}).items()})
     gates_data = data["gates"]
     gates = Gates(gates_data["version"], {k: dict(v) for k, v in gates_data.items() if k != "version"})
     fp = data["fastpath"]

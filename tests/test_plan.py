@@ -81,7 +81,9 @@ def test_context_over_tier_max_is_waived(tmp_path):
 def test_plan_json_round_trip():
     plan = build_plan(load_spec(REAL_SPEC), "smoke")
     data = json.loads(json.dumps(plan.to_json()))
-    assert set(data) == {"schema", "spec", "spec_digest", "tier", "suites", "cases", "waivers"}
+    # engine_options: the smoke tier's coverage variant on the trained config
+    assert set(data) == {"schema", "spec", "spec_digest", "tier", "suites", "cases", "waivers", "engine_options"}
+    assert list(data["engine_options"]) == ["coverage@trained"]
     assert set(data["cases"][0]) == {"suite", "kind", "case_id", "config"}
     assert data["waivers"][0]["reason"]
     again = Plan.from_json(data)
@@ -128,8 +130,9 @@ def test_every_declared_fallback_of_the_real_spec_is_a_coverage_case(tmp_path):
     features.max_context (the dispatch's limit), at an in-scope batch."""
     spec = load_spec(REAL_SPEC)
     cases = {c.case_id: c for c in build_plan(spec, "smoke").for_suite("coverage")[0] if c.kind == "fallback"}
-    assert set(cases) == {f"coverage/fallback/{s}" for s in
-                          ("prefill", "mixed", "batch_out_of_scope", "context_out_of_scope", "verify_rows")}
+    assert set(cases) == {f"coverage/fallback/{s}{v}" for s in
+                          ("prefill", "mixed", "batch_out_of_scope", "context_out_of_scope", "verify_rows")
+                          for v in ("", "@trained")}  # the trained config's coverage variant too
     cfg = cases["coverage/fallback/context_out_of_scope"].config
     assert cfg["reason"] == "context_out_of_scope" and cfg["batch"] in spec.scope["batch_sizes"]
     assert cfg["out_of_scope_context"] == spec.features["max_context"] + 1
@@ -192,8 +195,10 @@ def test_real_spec_drafts_on_both_tiers(tmp_path):
     assert spec.tier("smoke").scope["draft_lengths"] == [0, 3]
     smoke = build_plan(spec, "smoke")
     decode = [c.case_id for c in smoke.cases if c.kind == "decode"]
-    # the smoke tier verifies one draft, at the smallest batch (context 64 + 3 > max_context 64)
-    assert [i for i in decode if not i.endswith("-d0")] == ["coverage/decode/b1-c16-d3"]
+    # the smoke tier verifies one draft, at the smallest batch (context 64 + 3 > max_context 64);
+    # its trained-config variant one shape without
+    assert [i for i in decode if "-d0" not in i] == ["coverage/decode/b1-c16-d3"]
+    assert [i for i in decode if i.endswith("@trained")] == ["coverage/decode/b1-c16-d0@trained"]
     reasons = {w.case.case_id: w.reason for w in smoke.waivers}
     assert "smallest batch only" in reasons["coverage/decode/b2-c16-d3"]
     fallback = next(c for c in smoke.cases if c.case_id == "coverage/fallback/verify_rows").config

@@ -267,6 +267,64 @@ def test_a_bad_dtype_in_suite_engine_options_names_its_key(tmp_path):
         load_spec(path)
 
 
+def _spec_with_a_coverage_variant(tmp_path: Path, variant: str = 'trained = { engine_options = { model = "trained" }, '
+                                  'batch_sizes = [2] }') -> Path:
+    text = SPEC.read_text().replace('engine_options = { mode = "good", dtype = "float32" }',
+                                    'engine_options = { mode = "good", dtype = "float32" }\n'
+                                    f'coverage_variants = {{ {variant} }}')
+    path = tmp_path / "spec.toml"
+    path.write_text(text)
+    return path
+
+
+def test_a_coverage_variant_adds_its_cases_and_they_run_on_its_engine(tmp_path, monkeypatch):
+    """Coverage cases again, over the variant's slice of the scope, ids ending in @NAME, run by
+    fp_case_engine on an engine made with the variant's options; the tier's own cases keep
+    theirs, and the plan records both."""
+    from fastpath.plan import build_plan
+    from fastpath.spec import load_spec
+
+    spec = load_spec(_spec_with_a_coverage_variant(tmp_path))
+    tier = spec.tier("smoke")
+    assert tier.engine_options_for("coverage", "trained") == {"mode": "good", "dtype": "float32", "model": "trained"}
+    assert tier.coverage_variant("trained").scope["batch_sizes"] == [2] and tier.scope["batch_sizes"] == [1, 4]
+    plan = build_plan(spec, "smoke")
+    assert [c.case_id for c in plan.cases if c.suite == "coverage"] == [
+        "coverage/decode/b1-c16-d0", "coverage/decode/b4-c16-d0", "coverage/fallback/prefill",
+        "coverage/fallback/mixed", "coverage/decode/b2-c16-d0@trained", "coverage/fallback/prefill@trained",
+        "coverage/fallback/mixed@trained"]
+    assert [w.case.case_id for w in plan.waivers] == [  # the profiler runs on the full tier only
+        "coverage/profiler/b1-c16-d0", "coverage/profiler/b4-c16-d0", "coverage/profiler/b2-c16-d0@trained"]
+    assert plan.to_json()["engine_options"] == {"coverage@trained": tier.engine_options_for("coverage", "trained")}
+    monkeypatch.setattr(sys.modules[__name__], "SPEC", spec.path)
+    code, rows = run_suite(tmp_path / "run", """
+        @pytest.mark.fastpath(kind="decode", gate="coverage_fast_path_fired")
+        def test_it(case, record, fp_case_engine, fp_case_models):
+            want = "trained" if case["config"].get("variant") == "trained" else None
+            assert fp_case_models["fast"] is fp_case_models["fast"]
+            record("coverage_fast_path_fired", "model_option", 1.0 if fp_case_engine.options.get("model") == want
+                   else 0.0, threshold=1.0, comparator=">=")
+    """)
+    assert code == 0, rows
+    assert [(r["case_id"], r["status"]) for r in rows] == [
+        ("coverage/decode/b1-c16-d0", "pass"), ("coverage/decode/b4-c16-d0", "pass"),
+        ("coverage/decode/b2-c16-d0@trained", "pass")]
+
+
+@pytest.mark.parametrize("variant, error", [
+    ('Trained = { engine_options = { model = "x" } }', r"'Trained' is not a valid variant name"),
+    ('trained = { batch_sizes = [2] }', r"coverage_variants\.trained.*engine_options"),
+    ('trained = { engine_options = { dtype = "bf16" } }', r"coverage_variants\.trained\.engine_options\.dtype"),
+    ('trained = { engine_options = {}, context_lengths = [128] }', r"128 exceeds the tier's max_context = 64"),
+])
+def test_a_bad_coverage_variant_names_its_key(tmp_path, variant, error):
+    from fastpath.errors import SpecError
+    from fastpath.spec import load_spec
+
+    with pytest.raises(SpecError, match=error):
+        load_spec(_spec_with_a_coverage_variant(tmp_path, variant))
+
+
 def test_parity_sequences_come_from_the_provider_the_gate_names():
     from fastpath import suite_helpers as H
     from optimized_model.k3.tokenizer import K3Tokenizer

@@ -159,24 +159,24 @@ def _sync(engine) -> None:
 
 
 @pytest.mark.fastpath(kind="decode", gate="coverage_fast_path_fired")
-def test_decode_fast_path_fired(case, fp_engine, fp_models, fp_spec, record):
+def test_decode_fast_path_fired(case, fp_case_engine, fp_case_models, fp_spec, record):
     cfg = H.case_config(case)
     b, c, d = int(cfg["batch"]), int(cfg["context"]), int(cfg.get("draft", 0))
-    model = fp_models["fast"]
+    model = fp_case_models["fast"]
     step = model.decode_step(b, c, d)
-    cuda = H.device_kind(fp_engine) == "cuda"
+    cuda = H.device_kind(fp_case_engine) == "cuda"
     if cuda:
         step()  # warm-up: may capture a graph (capture events are not executions)
-        _sync(fp_engine)
-    second, why_not = _cpu_second_source(fp_engine)
+        _sync(fp_case_engine)
+    second, why_not = _cpu_second_source(fp_case_engine)
     recs, launched = _run_steps(step, STEPS, with_launches=second)
-    _sync(fp_engine)
-    comps = list(fp_engine.components())
+    _sync(fp_case_engine)
+    comps = list(fp_case_engine.components())
     components = [comp.name for comp in comps]
     matrix = _matrix(recs, components)
     shape = {"batch": b, "context": c, "draft": d, "tp": cfg.get("tp", 1)}
     unknown = sorted(set(matrix) - set(components))
-    silent = "" if any(r.events for r in recs) else H.no_event_reason(fp_spec, fp_engine) + "; "
+    silent = "" if any(r.events for r in recs) else H.no_event_reason(fp_spec, fp_case_engine) + "; "
     undeclared_protocol = comps and all(not hasattr(comp, "layers") for comp in comps)
     for comp_obj in comps:
         comp = comp_obj.name
@@ -205,11 +205,11 @@ def test_decode_fast_path_fired(case, fp_engine, fp_models, fp_spec, record):
             detail["note"] = "the engine's components declare no layers: judged per step only"
         evidence = {"coverage_matrix": matrix, "case": H.case_id(case)}
         if second:
-            _record_launches(record, comp_obj, recs, launched, fp_engine, matrix, shape, d)
-        if refused and all(H.environment_refusal(x, fp_engine) for x in reasons) and steps_engaged == 0:
+            _record_launches(record, comp_obj, recs, launched, fp_case_engine, matrix, shape, d)
+        if refused and all(H.environment_refusal(x, fp_case_engine) for x in reasons) and steps_engaged == 0:
             H.record_waived(record, "coverage_fast_path_fired", "steps_engaged",
                             f"{comp} refused with {', '.join(reasons)}: expected on this machine "
-                            f"({H.device_kind(fp_engine)}); needs a CUDA GPU", component=comp,
+                            f"({H.device_kind(fp_case_engine)}); needs a CUDA GPU", component=comp,
                             detail=detail, evidence=evidence, **shape)
             continue
         ok = steps_engaged == STEPS and not refused and not extra_layers and not not_verify and not verify_missing
@@ -317,10 +317,10 @@ def _fallback_step(model, cfg: dict):
 
 
 @pytest.mark.fastpath(kind="fallback", gate="coverage_clean_fallback")
-def test_clean_fallback(case, fp_engine, fp_models, fp_spec, record):
+def test_clean_fallback(case, fp_case_engine, fp_case_models, fp_spec, record):
     cfg = H.case_config(case)
     want = cfg.get("reason") or cfg.get("fallback")
-    model = fp_models["fast"]
+    model = fp_case_models["fast"]
     step, shape = _fallback_step(model, cfg)
     shape.setdefault("draft", 0)
     if step is None:
@@ -328,15 +328,15 @@ def test_clean_fallback(case, fp_engine, fp_models, fp_spec, record):
                message=f"fallback kind {cfg.get('fallback')!r} has no step the Engine protocol can drive")
         return
     recs, _ = _run_steps(step, STEPS)
-    _sync(fp_engine)
-    components = [comp.name for comp in fp_engine.components()]
+    _sync(fp_case_engine)
+    components = [comp.name for comp in fp_case_engine.components()]
     matrix = _matrix(recs, components)
-    silent = "" if any(r.events for r in recs) else H.no_event_reason(fp_spec, fp_engine) + "; "
+    silent = "" if any(r.events for r in recs) else H.no_event_reason(fp_spec, fp_case_engine) + "; "
     for comp in components:
         engaged = sum(len(r.engaged(comp)) for r in recs)
         steps_declared = sum(1 for r in recs if any(e.detail == want for e in r.refused(comp)))
         other = sorted({e.detail for r in recs for e in r.refused(comp)
-                        if e.detail != want and not H.environment_refusal(e.detail, fp_engine)})
+                        if e.detail != want and not H.environment_refusal(e.detail, fp_case_engine)})
         ok = engaged == 0 and steps_declared == STEPS and not other
         msg = ""
         if not ok:
@@ -468,14 +468,14 @@ def _component_row(record, comp, per_step: Counter, traced: bool, matrix: dict, 
 
 
 @pytest.mark.fastpath(kind="profiler", gate="coverage_profiler_kernels")
-def test_profiler_kernels(case, fp_engine, fp_models, record, waive):
-    if H.device_kind(fp_engine) != "cuda":
+def test_profiler_kernels(case, fp_case_engine, fp_case_models, record, waive):
+    if H.device_kind(fp_case_engine) != "cuda":
         waive("coverage_profiler_kernels", "needs a CUDA GPU: torch.profiler kernel names exist only on GPU "
               "(on CPU the decode case records the Triton interpreter's launches)")
     cfg = H.case_config(case)
     b, c, d = int(cfg["batch"]), int(cfg["context"]), int(cfg.get("draft", 0))
-    model = fp_models["fast"]
-    comps = list(fp_engine.components())
+    model = fp_case_models["fast"]
+    comps = list(fp_case_engine.components())
     shape = {"batch": b, "context": c, "draft": d, "tp": cfg.get("tp", 1)}
 
     # (a) production: generate on real prompts
