@@ -377,6 +377,11 @@ def fp_engine(request: pytest.FixtureRequest) -> Any:
     state = _state(request.config)
     engine = create_engine(state.spec.engine, state.tier.engine_options_for(state.suite))
     yield engine
+    _close(engine)
+
+
+def _close(engine: Any) -> None:
+    """Close an engine that has a ``close`` (the protocol does not require one)."""
     close = getattr(engine, "close", None)
     if close is not None:
         close()
@@ -410,9 +415,7 @@ class VariantEngines:
         for models in self._models.values():
             models.close()
         for engine in self._engines.values():
-            close = getattr(engine, "close", None)
-            if close is not None:
-                close()
+            _close(engine)
 
 
 @pytest.fixture(scope="session")
