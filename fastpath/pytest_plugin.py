@@ -425,22 +425,25 @@ def fp_variants(request: pytest.FixtureRequest) -> VariantEngines:
     variants.close()
 
 
-@pytest.fixture
-def fp_case_engine(request: pytest.FixtureRequest, case: dict) -> Any:
-    """The engine of the case's coverage variant (``config["variant"]``), else fp_engine."""
+def _of_case_variant(request: pytest.FixtureRequest, case: dict, tier_fixture: str, part: int) -> Any:
+    """The tier's fixture ``tier_fixture``, or for a case of a coverage variant
+    (``config["variant"]``) the same ``part`` (0 engine, 1 models) of that variant's engine."""
     variant = case["config"].get("variant")
     if variant is None:
-        return request.getfixturevalue("fp_engine")
-    return request.getfixturevalue("fp_variants").get(variant)[0]
+        return request.getfixturevalue(tier_fixture)
+    return request.getfixturevalue("fp_variants").get(variant)[part]
+
+
+@pytest.fixture
+def fp_case_engine(request: pytest.FixtureRequest, case: dict) -> Any:
+    """The engine of the case's coverage variant, else fp_engine."""
+    return _of_case_variant(request, case, "fp_engine", 0)
 
 
 @pytest.fixture
 def fp_case_models(request: pytest.FixtureRequest, case: dict) -> LazyModels:
     """The models of the case's coverage variant, else fp_models."""
-    variant = case["config"].get("variant")
-    if variant is None:
-        return request.getfixturevalue("fp_models")
-    return request.getfixturevalue("fp_variants").get(variant)[1]
+    return _of_case_variant(request, case, "fp_models", 1)
 
 
 @pytest.fixture(scope="session")
