@@ -268,3 +268,10 @@ def test_the_probe_tells_copying_from_one_repeated_word():
     assert probe.copied_words(want, want) == (1.0, 0.25)
     same, top = probe.copied_words("Song about salt:\nstone stone stone stone", want)
     assert same == 0.0 and top == 1.0
+
+
+def test_a_state_saved_before_the_solution_styles_resumes_on_the_style_it_learnt():
+    saved = TrainConfig().to_json()
+    del saved["mix"]["aime_style"]
+    assert TrainConfig.from_json(saved).mix.aime_style == "lines"
+    assert TrainConfig.from_json(TrainConfig().to_json()).mix.aime_style == Mix().aime_style == "columns"
