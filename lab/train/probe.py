@@ -23,8 +23,8 @@ import json
 import re
 import time
 
-from lab.train import copy_tasks, eval_tasks
 from fastpath.evals import aime, mrcr
+from lab.train import copy_tasks, eval_tasks
 
 PROBE_SEED_BASE = 1 << 41  # training draws from 2^40 (a few 10^9 above it), parity from 2^39, evals below 2^31
 LINE = re.compile(r"Step (\d+): (-?\d+) ([-+*]) (\d+) = (-?\d+), mod 1000 = (\d+)\.")  # "lines"
@@ -103,8 +103,8 @@ def probe(model, tok, n: int, aime_style: str, mrcr_tokens=(400, 2000), aime_ste
         wrong = first_wrong_line(text, want)
         reached.append(len(want.splitlines()) if wrong is None else wrong[0])
         causes[wrong[1] if wrong else "none"] += 1
-    out["aime"] = {"steps": aime_steps, "style": aime_style, "exact": exact / n, "lines_right_before_the_first_error": reached,
-                   "first_error": dict(causes)}
+    out["aime"] = {"steps": aime_steps, "style": aime_style, "exact": exact / n,
+                   "lines_right_before_the_first_error": reached, "first_error": dict(causes)}
     say(f"aime {aime_steps} steps: {json.dumps(out['aime'])}")
     pairs = [copy_tasks.copy_pair(PROBE_SEED_BASE + i) for i in range(n)]
     texts = _generate(model, [eval_tasks.render_chat(tok, *pair) for pair in pairs], 8)
