@@ -3,8 +3,9 @@
 The committed checkpoint copies MRCR's random prefix but not the requested message: it answers
 "Song about volcanoes:" and then repeats one word, at 400 tokens as at 32k (docs/k3-mini.md,
 "What the first checkpoint cannot do"). An MRCR conversation holds one copy target per row of
-2k-16k tokens; a copy task is ~460 tokens with ~110 of them to copy. A chat turn lists one to four texts in MRCR's answer format
-(its formats, topics and 40 words), and asks for one of them back verbatim:
+2k-16k tokens; a copy task is ~460 tokens with ~110 of them to copy. A chat turn lists one to
+four texts in MRCR's answer format (its formats, topics and 40 words), and asks for one of them
+back verbatim:
 
     user:       Here are 3 texts.\n\n<text>\n\n<text>\n\n<text>\n\nRepeat the poem about owls exactly.
     assistant:  <that text>
