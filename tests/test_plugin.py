@@ -45,12 +45,13 @@ def test_parametrized_from_plan_and_record(tmp_path):
         ("coverage/decode/b1-c16-d0", "pass", 1, 16), ("coverage/decode/b4-c16-d0", "fail", 4, 16)]
 
 
-# a suite of two kinds of case, each recording one passing row
-TWO_KINDS = """
+# suite tests that record one passing row per case of their kind
+DECODE_TEST = """
     @pytest.mark.fastpath(kind="decode", gate="coverage_fast_path_fired")
     def test_decode(case, record):
         record("coverage_fast_path_fired", "ran", 1, threshold=1, comparator=">=")
-
+"""
+TWO_KINDS = DECODE_TEST + """
     @pytest.mark.fastpath(kind="fallback", gate="coverage_clean_fallback")
     def test_fallback(case, record):
         record("coverage_clean_fallback", "ran", 1, threshold=1, comparator=">=")
@@ -107,15 +108,11 @@ def test_a_case_is_claimed_by_one_shard_only():
 def test_a_kind_the_plan_has_no_case_of_is_not_an_item(tmp_path):
     """A suite test of a kind the plan never makes (a spec without that gate) is parametrized with
     an empty set: it is deselected, not an internal error, in one process and in shards alike."""
-    body = """
-        @pytest.mark.fastpath(kind="decode", gate="coverage_fast_path_fired")
-        def test_decode(case, record):
-            record("coverage_fast_path_fired", "ran", 1, threshold=1, comparator=">=")
-
-        @pytest.mark.fastpath(kind="no_such_kind", gate="coverage_fast_path_fired")
-        def test_never_planned(case, record):
-            raise AssertionError("no case of this kind exists")
-    """
+    body = DECODE_TEST + """
+    @pytest.mark.fastpath(kind="no_such_kind", gate="coverage_fast_path_fired")
+    def test_never_planned(case, record):
+        raise AssertionError("no case of this kind exists")
+"""
     for extra in ((), ("--fastpath-shard", "0/2"), ("--fastpath-shard", "1/2")):
         code, rows = run_suite(tmp_path / "-".join(extra or ("one",)).replace("/", "of"), body, "coverage", *extra)
         assert code == 0 and all(r["case_id"].startswith("coverage/decode/") for r in rows), (extra, rows)
