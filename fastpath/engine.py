@@ -167,6 +167,21 @@ class RooflineModel(Protocol):
 
 
 @runtime_checkable
+class PromptModel(Protocol):
+    """Optional capability of a Model: the perf suite's prompt cases (decode on real prompts,
+    ``[perf] prompt_decode``; a spec that asks for them needs it)."""
+
+    def prompt_step(self, prompts: list[list[int]], tokens: int) -> Callable[[], None]:
+        """Prefill ``prompts`` (token ids) once; each call of the returned step is then one
+        greedy decode step of every sequence, fed its own last token (events to fastpath.trace,
+        as generate's). The step has ``reset()`` (back to the prefill's end: every segment
+        decodes the same tokens; the perf timer calls it before each segment, untimed), at most
+        ``tokens`` calls per reset, ``generated_ids()`` (per sequence, the tokens decoded since
+        the reset) and ``traffic()`` (as ``step_traffic``, for the first step after a reset)."""
+        ...
+
+
+@runtime_checkable
 class Engine(Protocol):
     name: str
 

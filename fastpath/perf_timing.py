@@ -29,8 +29,22 @@ ORDER = ("A", "B", "B", "A")
 
 
 def segment_timer(device: str) -> Timer:
-    """Seconds per call of ``calls`` back-to-back calls: CUDA events on cuda, wall clock on cpu."""
-    return lambda step, calls: time_calls(step, calls, "cuda" if device == "cuda" else "cpu")
+    """Seconds per call of ``calls`` back-to-back calls: CUDA events on cuda, wall clock on cpu.
+    A step with a start state (``reset()``: a prompt case's real generation) is reset first,
+    before the clock starts, so every segment decodes the same tokens."""
+    where = "cuda" if device == "cuda" else "cpu"
+
+    def timed(step: Step, calls: int) -> float:
+        _reset(step)
+        return time_calls(step, calls, where)
+
+    return timed
+
+
+def _reset(step: Step) -> None:
+    reset = getattr(step, "reset", None)
+    if reset is not None:
+        reset()
 
 
 @dataclass
@@ -48,6 +62,7 @@ class Rounds:
 def warm_up(steps: list[Step], calls: int) -> None:
     """Untimed calls of each step (caches, clocks, lazy init): never part of a round."""
     for step in steps:
+        _reset(step)
         for _ in range(calls):
             step()
 

@@ -19,8 +19,10 @@ Coverage: per decode shape of the tier's scope a ``decode`` and a ``profiler`` c
 scope), their ids ending in ``@NAME``.
 
 Perf: one ``speedup`` case per decode shape of the tier's scope (batch x context x draft x tp),
-one ``control`` case (standard vs standard, at the smallest shape) and one ``summary`` case (the
-K3-style table and the measured bandwidth). On the smoke tier (CPU: a fast step takes seconds
+one ``control`` case (standard vs standard, at the smallest shape), with ``[perf] prompt_decode``
+one ``prompts`` case per batch size and eval prompt set (``perf/prompts/mrcr-c<B>-b<n>`` at the
+tier's smallest and largest MRCR bucket, ``perf/prompts/aime25-b<n>``; config ``engine_suite``:
+whose engine decodes them), and one ``summary`` case (the K3-style table and the measured bandwidth). On the smoke tier (CPU: a fast step takes seconds
 in Triton's interpreter) only the smallest batch is timed; its rows are reported, not gated.
 
 Kernels: with ``[kernels] names`` in the spec, one case per name × dtype of the tier (cases that
@@ -130,6 +132,13 @@ PRUNING_RULES: tuple[Rule, ...] = (
     Rule("eval_bucket_over_max", (("evals", "bucket"),),
          lambda cfg, spec, tier: cfg["context"] > spec.features["max_context"],
          "the bucket exceeds features.max_context (the fast path's scope)"),
+    Rule("prompt_batch_over_docs", (("perf", "prompts"),),
+         lambda cfg, spec, tier: cfg["batch"] > spec.evals[cfg["task"]][tier.name]["docs"],
+         "the batch exceeds the tier's eval documents ([evals.TASK.TIER] docs, per MRCR bucket): a prompt "
+         "case batches distinct documents"),
+    Rule("prompt_bucket_over_max", (("perf", "prompts"),),
+         lambda cfg, spec, tier: (cfg["bucket"] or 0) > spec.features["max_context"],
+         "the bucket exceeds features.max_context (the fast path's scope)"),
     Rule("speculative_needs_spec_decode", (("features", "speculative"),),
          lambda cfg, spec, tier: cfg.get("draft", 0) == 0 or not spec.features["speculative_decoding"],
          "features.speculative_decoding is false or the tier declares no draft length > 0"),
@@ -149,6 +158,10 @@ TIER_RULES: tuple[Rule, ...] = (
          lambda cfg, spec, tier: tier.name != "full" and cfg["batch"] != min(tier.scope["batch_sizes"]),
          "the smoke tier times the smallest batch only (a fast step takes seconds in Triton's CPU "
          "interpreter); perf is gated on the full tier"),
+    Rule("perf_prompts_smoke_smallest_batch", (("perf", "prompts"),),
+         lambda cfg, spec, tier: tier.name != "full" and cfg["batch"] != min(spec.perf["prompt_decode"]["batch_sizes"]),
+         "the smoke tier decodes the prompts at the smallest batch only (a fast step takes seconds in Triton's "
+         "CPU interpreter)"),
     # a structured batch of 5 rows verifies 5 x (K + 1) rows a step: seconds each in the interpreter
     Rule("structured_draft_smoke_one", (("features", "structured"),),
          lambda cfg, spec, tier: tier.name != "full" and cfg["draft"] > 0
@@ -278,8 +291,23 @@ def _perf(spec: Spec, tier: Tier) -> list[Case]:
     cases = [Case("perf", "speedup", f"perf/speedup/{_shape_id(c)}", c) for c in configs]
     smallest = min(configs, key=lambda c: (c["batch"], c["context"], c["draft"]))
     cases.append(Case("perf", "control", f"perf/control/{_shape_id(smallest)}", dict(smallest)))
+    cases += _prompts(spec, tier)
     cases.append(Case("perf", "summary", "perf/summary/table", {}))
     return cases
+
+
+def _prompts(spec: Spec, tier: Tier) -> list[Case]:
+    """``[perf] prompt_decode``: per batch size, decode on the evals suite's own documents (the
+    tier's smallest and largest MRCR bucket, the AIME problems) on the engine of the suite it
+    names, e.g. a trained model whose routing is real."""
+    p = spec.perf.get("prompt_decode")
+    if not p:
+        return []
+    buckets = spec.evals["mrcr"][tier.name]["buckets"]
+    tasks = [("mrcr", b, f"mrcr-c{b}") for b in sorted({min(buckets), max(buckets)})] + [("aime25", None, "aime25")]
+    return [Case("perf", "prompts", f"perf/prompts/{name}-b{batch}",
+                 {"task": task, "bucket": bucket, "batch": batch, "engine_suite": p["engine"]})
+            for task, bucket, name in tasks for batch in p["batch_sizes"]]
 
 
 def _evals(spec: Spec, tier: Tier) -> list[Case]:
@@ -312,6 +340,9 @@ def build_plan(spec: Spec, tier: str | Tier) -> Plan:
     if "coverage" in plan.suites:
         plan.engine_options.update({f"coverage@{name}": tier_obj.engine_options_for("coverage", name)
                                     for name in tier_obj.coverage_variants})
+    prompts = spec.perf.get("prompt_decode") or {}
+    if "perf" in plan.suites and prompts.get("engine") in tier_obj.suite_engine_options:  # their own engine
+        plan.engine_options["perf@prompts"] = tier_obj.engine_options_for(prompts["engine"])
     for suite in plan.suites:
         for case in EXPANDERS[suite](spec, tier_obj):
             variant = case.config.get("variant")

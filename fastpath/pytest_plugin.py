@@ -395,21 +395,26 @@ def fp_models(request: pytest.FixtureRequest) -> LazyModels:
 
 
 class VariantEngines:
-    """The engines of the tier's coverage variants, each created on first use, once per session,
-    with its models (LazyModels)."""
+    """The engines a case may name instead of its suite's: a coverage variant's
+    (``config["variant"]``) or another suite's (``config["engine_suite"]``: perf's prompt cases
+    on the evals suite's model). Each is created on first use, once per session, with its models
+    (LazyModels)."""
 
     def __init__(self, state: "FastpathSession") -> None:
         self._state = state
         self._engines: dict[str, Any] = {}
         self._models: dict[str, LazyModels] = {}
 
-    def get(self, variant: str) -> tuple[Any, LazyModels]:
-        if variant not in self._engines:
-            state = self._state
-            engine = create_engine(state.spec.engine, state.tier.engine_options_for(state.suite, variant))
-            self._engines[variant] = engine
-            self._models[variant] = LazyModels(lambda: engine, state.spec.switch)
-        return self._engines[variant], self._models[variant]
+    def get(self, variant: str | None = None, *, suite: str | None = None) -> tuple[Any, LazyModels]:
+        state = self._state
+        key = f"suite:{suite}" if suite is not None else f"variant:{variant}"
+        if key not in self._engines:
+            options = (state.tier.engine_options_for(suite) if suite is not None
+                       else state.tier.engine_options_for(state.suite, variant))
+            engine = create_engine(state.spec.engine, options)
+            self._engines[key] = engine
+            self._models[key] = LazyModels(lambda: engine, state.spec.switch)
+        return self._engines[key], self._models[key]
 
     def close(self) -> None:
         for models in self._models.values():
@@ -426,23 +431,26 @@ def fp_variants(request: pytest.FixtureRequest) -> VariantEngines:
 
 
 def _of_case_variant(request: pytest.FixtureRequest, case: dict, tier_fixture: str, part: int) -> Any:
-    """The tier's fixture ``tier_fixture``, or for a case of a coverage variant
-    (``config["variant"]``) the same ``part`` (0 engine, 1 models) of that variant's engine."""
-    variant = case["config"].get("variant")
-    if variant is None:
+    """The tier's fixture ``tier_fixture``, or for a case that names another engine (a coverage
+    variant's, ``config["variant"]``, or another suite's, ``config["engine_suite"]``) the same
+    ``part`` (0 engine, 1 models) of that engine."""
+    cfg = case["config"]
+    variant, suite = cfg.get("variant"), cfg.get("engine_suite")
+    if variant is None and suite is None:
         return request.getfixturevalue(tier_fixture)
-    return request.getfixturevalue("fp_variants").get(variant)[part]
+    variants = request.getfixturevalue("fp_variants")
+    return (variants.get(suite=suite) if suite is not None else variants.get(variant))[part]
 
 
 @pytest.fixture
 def fp_case_engine(request: pytest.FixtureRequest, case: dict) -> Any:
-    """The engine of the case's coverage variant, else fp_engine."""
+    """The engine the case names (coverage variant, another suite's), else fp_engine."""
     return _of_case_variant(request, case, "fp_engine", 0)
 
 
 @pytest.fixture
 def fp_case_models(request: pytest.FixtureRequest, case: dict) -> LazyModels:
-    """The models of the case's coverage variant, else fp_models."""
+    """The models of the engine the case names, else fp_models."""
     return _of_case_variant(request, case, "fp_models", 1)
 
 

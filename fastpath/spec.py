@@ -139,6 +139,12 @@ SCHEMA = Field("table", fields={
         # before measuring: perf's tokens/s and time per output token at that draft length are
         # computed from it and labelled synthetic (the step's time does not depend on acceptance)
         "synthetic_acceptance_length": Field("map", values=Field("number", minimum=1)),
+        # decode on the evals suite's own prompts (perf/prompts cases: reported, not gated), on the
+        # engine the tier runs suite `engine` with (e.g. "evals": a trained model routes for real)
+        "prompt_decode": Field("table", fields={
+            "engine": Field("str", required=True, allowed=SUITES),
+            "batch_sizes": _ints(1, required=True),
+        }),
     }),
     # Optional: what the evals suite evaluates (fastpath/evals; per task and tier, EVALS_DEFAULTS).
     "evals": Field("table", fields={
@@ -183,7 +189,7 @@ SCOPE_DEFAULTS = {"tensor_parallel": [1], "draft_lengths": [0], "max_verify_rows
 PERF_DEFAULTS = {"rounds": 10, "replays": 30, "warmup": 5, "min_speedup": 1.0, "max_extra_batches": 1,
                  "confidence": 0.95, "control_confidence": 0.999, "control_tolerance": 0.01,
                  "n_resamples": 4000, "eager_rounds": 3, "smoke_rounds": 2, "smoke_replays": 1,
-                 "budget_s": 0, "synthetic_acceptance_length": {}}
+                 "budget_s": 0, "synthetic_acceptance_length": {}, "prompt_decode": None}
 EVALS_DEFAULTS = {
     "seed": 0, "max_batch": 16, "max_prefill_tokens": 32768, "budget_s": 0,
     "mrcr": {"needles": [2, 4, 8],

@@ -7,7 +7,7 @@ import torch
 
 from fastpath import trace
 from fastpath.engine import (Component, Engine, GenerationRequest, GenerationResult, KernelEntry, Model,
-                             Tokenizer, create_engine)
+                             PromptModel, Tokenizer, create_engine)
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -184,6 +184,26 @@ def test_decode_step_hooks_run_and_stay_at_context(std):
     std.decode_step(1, 8, draft=2)()  # a verify step of 3 tokens (tests/test_k3_speculative.py)
     verify, decode = std.step_traffic(1, 8, draft=2), std.step_traffic(1, 8)  # tests/test_k3_traffic.py
     assert verify["total"] > decode["total"] and verify["weights"] == decode["weights"]
+
+
+def test_prompt_step_is_greedy_generation_and_reset_replays_it(std):
+    """Model.prompt_step (perf's prompt cases): each call decodes the greedy next token of real
+    generation (generate's tokens after its first), reset() starts the same tokens again, and
+    a call past the room it was built with is refused, never a silently grown cache."""
+    assert isinstance(std, PromptModel)
+    tok = std.tokenizer
+    prompts = [tok.encode("Hello, K3"), tok.encode("a longer second prompt")]
+    want = [r.token_ids for r in std.generate([GenerationRequest(prompt_ids=p, max_tokens=5) for p in prompts])]
+    assert all(len(w) == 5 for w in want)  # the tiny model writes no eos this early
+    step = std.prompt_step(prompts, 4)
+    for _ in range(2):
+        step.reset()
+        for _ in range(4):
+            step()
+        assert step.generated_ids() == [w[1:] for w in want]
+    with pytest.raises(RuntimeError, match="4 decode steps since the last reset"):
+        step()
+    assert step.traffic()["total"] > 0
 
 
 def test_standard_path_reports_nothing(std):

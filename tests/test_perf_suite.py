@@ -55,11 +55,15 @@ def perf_run(tmp_path_factory):
 def test_every_case_has_rows_and_none_gates_on_cpu(perf_run):
     rows, _ = perf_run
     cases = {r["case_id"] for r in rows}
+    prompts = {f"perf/prompts/{p}-b{b}" for p in ("mrcr-c512", "mrcr-c2048", "aime25") for b in (1, 4)}
     assert cases == {"perf/speedup/b1-c16-d0", "perf/speedup/b2-c16-d0", "perf/speedup/b1-c16-d3",
-                     "perf/speedup/b2-c16-d3", "perf/control/b1-c16-d0", "perf/summary/table"}
+                     "perf/speedup/b2-c16-d3", "perf/control/b1-c16-d0", "perf/summary/table"} | prompts
     waived = [r for r in rows if r["case_id"].startswith("perf/speedup/b2-")]
     assert [r["status"] for r in waived] == ["waived"] * 2 and "smallest batch only" in waived[0]["message"]
-    measured = [r for r in rows if not r["case_id"].startswith("perf/speedup/b2-")]
+    # the smoke tier's 3 documents per task cannot make a batch of 4 distinct ones
+    assert {r["case_id"] for r in rows if r["status"] == "waived" and "eval documents" in r["message"]} == \
+        {c for c in prompts if c.endswith("-b4")}
+    measured = [r for r in rows if r["status"] != "waived"]
     assert measured and all(r["status"] == "info" for r in measured)
     gate_rows = [r for r in measured if r["metric"] in ("speedup_ci_low", "control_speedup")]
     assert len(gate_rows) == 3 and all("full tier" in r["message"] for r in gate_rows)
@@ -101,6 +105,28 @@ def test_speedup_case_reports_paths_roofline_and_abba_order(perf_run):
     assert json.loads(by[("experts_touched", None)]["detail"])["per_layer"]  # routed experts per MoE layer
     mbu = by[("mbu", "fast")]["value"]
     assert mbu == pytest.approx(ev["traffic"]["total"] / ev["bandwidth"] / (by[("step_ms", "fast")]["value"] / 1e3))
+
+
+def test_prompt_cases_decode_the_eval_documents_on_both_paths(perf_run):
+    """perf/prompts: the evals suite's documents prefilled (their real lengths, MRCR's within its
+    bucket), greedy decode timed on both paths with the fast path's events seen, and a block of
+    the summary table."""
+    rows, artifacts = perf_run
+    prompt_rows = {r["case_id"]: r for r in rows if r["metric"] == "prompt_speedup"}
+    assert set(prompt_rows) == {"perf/prompts/mrcr-c512-b1", "perf/prompts/mrcr-c2048-b1", "perf/prompts/aime25-b1"}
+    for case_id, r in prompt_rows.items():
+        detail, evidence = json.loads(r["detail"]), json.loads(r["evidence"])
+        assert r["status"] == "info" and detail["fired"], (case_id, r["message"])
+        assert "reported, not gated" in r["message"]
+        if detail["bucket"]:
+            assert all(detail["bucket"] // 2 < n <= detail["bucket"] for n in detail["prompt_tokens"])
+        assert len(evidence["baseline_s"]) == len(evidence["fast_s"]) == 2 and evidence["order"] == "ABBA" * 2
+        assert detail["std_tok_s"] > 0 and detail["fast_tok_s"] > 0
+        assert [len(g) for g in detail["generated"]["fast"]] == [1] and detail["token_agreement"] in (0.0, 1.0)
+        assert detail["experts_per_layer"] and evidence["traffic"]["total"] > 0
+    text = (artifacts / "perf" / "summary.md").read_text()
+    assert "decode on the evals suite's prompts" in text and "| mrcr c2048 | 1 |" in text
+    assert len(json.loads((artifacts / "perf" / "summary.json").read_text())["prompt_cases"]) == 3
 
 
 def test_summary_table_is_a_row_and_an_artifact(perf_run):

@@ -150,13 +150,40 @@ def test_perf_cases_cover_the_scope_on_full_and_the_smallest_batch_on_smoke(tmp_
     waived = {(w.case.config["batch"], w.case.config["draft"]): w.reason for w in waivers}
     assert "max_verify_rows" in waived[(32, 3)] and "verify_rows_out_of_scope" in waived[(16, 7)]
     assert len(waivers) == 7 * 3 * 3 - len(speed)
-    assert [c.case_id for c in cases if c.kind != "speedup"] == ["perf/control/b1-c1024-d0", "perf/summary/table"]
+    prompts = [f"perf/prompts/{p}-b{b}" for p in ("mrcr-c1024", "mrcr-c32768", "aime25") for b in (1, 4)]
+    assert [c.case_id for c in cases if c.kind != "speedup"] == ["perf/control/b1-c1024-d0", *prompts,
+                                                                  "perf/summary/table"]
     cases, waivers = build_plan(spec, "smoke").for_suite("perf")
     assert ids(cases) == ["perf/speedup/b1-c16-d0", "perf/speedup/b1-c16-d3", "perf/speedup/b1-c64-d0",
-                          "perf/control/b1-c16-d0", "perf/summary/table"]
-    assert sorted((w.case.config["batch"], w.case.config["draft"]) for w in waivers) == [
+                          "perf/control/b1-c16-d0", "perf/prompts/mrcr-c512-b1", "perf/prompts/mrcr-c2048-b1",
+                          "perf/prompts/aime25-b1", "perf/summary/table"]
+    speed_waivers = [w for w in waivers if w.case.kind == "speedup"]
+    assert sorted((w.case.config["batch"], w.case.config["draft"]) for w in speed_waivers) == [
         (1, 3), (2, 0), (2, 0), (2, 3), (2, 3), (4, 0), (4, 0), (4, 3), (4, 3)]
-    assert all("smallest batch only" in w.reason or "max_context" in w.reason for w in waivers)
+    assert all("smallest batch only" in w.reason or "max_context" in w.reason for w in speed_waivers)
+
+
+def test_prompt_cases_decode_on_the_named_suites_engine(tmp_path):
+    """[perf] prompt_decode: cases at the tier's smallest and largest MRCR bucket and on AIME per
+    batch size, on the engine of the suite it names (recorded in the plan where that engine has
+    options of its own); a batch beyond the tier's documents is a waiver; no table, no cases."""
+    spec = load_spec(REAL_SPEC)
+    plan = build_plan(spec, "full")
+    prompts = [c for c in plan.cases if c.kind == "prompts"]
+    assert {c.config["engine_suite"] for c in prompts} == {"evals"}
+    assert plan.engine_options["perf@prompts"] == plan.engine_options["evals"]
+    assert plan.engine_options["evals"]["config"] == "trained"
+    assert [(c.config["task"], c.config["bucket"]) for c in prompts if c.config["batch"] == 1] == [
+        ("mrcr", 1024), ("mrcr", 32768), ("aime25", None)]
+    smoke = build_plan(spec, "smoke")
+    assert "perf@prompts" not in smoke.engine_options  # the smoke tier's evals run on its own engine
+    assert {w.case.case_id for w in smoke.waivers if w.case.kind == "prompts"} == {
+        "perf/prompts/mrcr-c512-b4", "perf/prompts/mrcr-c2048-b4", "perf/prompts/aime25-b4"}
+    text = REAL_SPEC.read_text()
+    line = next(x for x in text.splitlines() if x.startswith("prompt_decode = "))
+    bare = tmp_path / "bare.toml"
+    bare.write_text(text.replace(line + "\n", ""))
+    assert not [c for c in build_plan(load_spec(bare), "full").cases if c.kind == "prompts"]
 
 
 def test_perf_draft_without_spec_decode_is_waived(tmp_path):

@@ -167,6 +167,10 @@ def test_perf_settings_default_and_validate(tmp_path):
 
     assert load_spec(spec_with(tmp_path, "[gates]", "[perf]\nreplays = 7\n\n[gates]")).perf == {
         **PERF_DEFAULTS, "replays": 7}
+    assert PERF_DEFAULTS["prompt_decode"] is None  # no prompt cases unless a spec asks
+    path = spec_with(tmp_path, "[gates]", "[perf]\nprompt_decode = { engine = \"train\", batch_sizes = [0] }\n\n[gates]")
+    text = error_of(path)
+    assert "perf.prompt_decode.engine: 'train' is not allowed" in text and "perf.prompt_decode.batch_sizes[0]: 0 is too small" in text
 
 
 def test_max_verify_rows_is_validated_and_tiers_narrow_draft_lengths(tmp_path):

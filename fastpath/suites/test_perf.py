@@ -28,9 +28,15 @@ step that silently decoded one token per sequence would otherwise pass as a veri
 baseline at a draft is the eager standard verify step (in its CUDA graph) unless the engine
 reports ``standard_compile_verify`` (its compiled step covers verify steps too).
 
+prompts cases (``[perf] prompt_decode``, fastpath/perf_prompts.py): on the engine of the suite
+it names (a trained model), the evals suite's own documents prefilled and greedy decode of real
+tokens timed on both paths (the model's ``prompt_step``, reset to the same start before every
+segment): tokens/s, speedup [CI], MBU and the experts a real step reads against a random
+state's; reported, not gated; a fast path that refused or reported nothing is an error row.
+
 summary case: the K3-style table (batch | standard tok/s | fast tok/s | speedup [CI] | MBU, per
 context) and, with draft cases, the draft-length table (batch x draft: acceptance length,
-tok/s, time per output token, speedup [CI]) as a row and as files in the run's artifacts
+tok/s, time per output token, speedup [CI]) and the prompt cases' block, as a row and as files in the run's artifacts
 (logs/artifacts/perf/ in the bundle).
 
 ``[perf] budget_s``: speedup cases reached after that many seconds are error rows (not measured),
@@ -51,6 +57,7 @@ from typing import Any
 
 import pytest
 
+from fastpath import perf_prompts as PP
 from fastpath import perf_timing as pt
 from fastpath import speculative_checks as SC
 from fastpath import stats, trace
@@ -59,6 +66,7 @@ from fastpath.measure import copy_bandwidth
 from fastpath.spec import acceptance_length
 
 RESULTS: list[dict] = []  # speedup cases measured in this session, for the summary case
+PROMPT_RESULTS: list[dict] = []  # prompt cases, likewise
 _SESSION: dict[str, Any] = {}
 
 
@@ -305,6 +313,86 @@ def test_speedup(case, fp_models, fp_engine, fp_spec, fp_tier, record):
                     "bytes_per_step": traffic["total"] if traffic else None, "gated": gated})
 
 
+@pytest.mark.fastpath(kind="prompts", gate="perf_speedup")
+def test_prompts(case, fp_case_models, fp_case_engine, fp_spec, fp_tier, record):
+    """Decode on real eval prompts (fastpath/perf_prompts.py): reported, not gated."""
+    cfg = H.case_config(case)
+    task, bucket, batch = cfg["task"], cfg.get("bucket"), int(cfg["batch"])
+    gated, why = gating(fp_spec, fp_tier, fp_case_engine)
+    s = run_settings(fp_spec, gated)
+    std_model, fast_model = fp_case_models["standard"], fp_case_models["fast"]
+    if not hasattr(std_model, "prompt_step"):
+        pytest.fail(f"the engine has no prompt_step (fastpath.engine.PromptModel), which [perf] prompt_decode "
+                    "needs; implement it or drop prompt_decode from the spec", pytrace=False)
+    prompts = PP.eval_prompts(fp_spec, H.tier_name(fp_tier), std_model.tokenizer, task, bucket, batch)
+    tokens = max(s["replays"], s["warmup"], 1)  # calls between two resets at most
+    std_step, std_setup = build_prompt_step(std_model, prompts, tokens)
+    with trace.recording() as rec:
+        fast_step, fast_setup = build_prompt_step(fast_model, prompts, tokens)
+        timer = pt.segment_timer(H.device_kind(fp_case_engine))
+        pt.warm_up([std_step, fast_step], s["warmup"])
+        rounds = pt.abba_rounds(std_step, fast_step, s["rounds"], s["replays"], timer)
+    refused = sorted({f"{e.component}:{e.detail}" for e in rec.refused()
+                      if e.detail != "prefill" and not H.environment_refusal(e.detail, fp_case_engine)})
+    generated = {}
+    for name, step in (("standard", std_step), ("fast", fast_step)):  # the tokens of one segment, per path
+        step.reset()
+        for _ in range(s["replays"]):
+            step()
+        generated[name] = step.generated_ids()
+    verdict = stats.judge_speedup(rounds.a, rounds.b, min_speedup=s["min_speedup"], confidence=s["confidence"],
+                                  n_resamples=s["n_resamples"], seed=zlib.crc32(H.case_id(case).encode()))
+    try:
+        traffic, problem = std_step.traffic(), ""
+    except Exception as exc:
+        traffic, problem = None, f"no roofline: traffic() raised {type(exc).__name__}: {exc}"[:500]
+    context = max(len(p) for p in prompts)
+    try:  # the random-state step of the same shape, for its routing
+        random_experts = PP.experts_per_layer(traffic_of(std_model, batch, context, 0))
+    except Exception:
+        random_experts = None
+    del std_step, fast_step
+    _free()
+    times = {"standard": median(rounds.a), "fast": median(rounds.b)}
+    bw = bandwidth(fp_case_engine)
+    roof = {p: pt.roofline(traffic, bw, t) for p, t in times.items()} if traffic else {}
+    agreement = PP.token_agreement(generated["standard"], generated["fast"])
+    fired = bool(rec.engaged()) and not refused
+    row = {"task": task, "bucket": bucket, "batch": batch, "prompt_tokens": [len(p) for p in prompts],
+           "std_tok_s": batch / times["standard"], "fast_tok_s": batch / times["fast"],
+           "speedup": verdict.speedup, "ci_low": verdict.ci_low, "ci_high": verdict.ci_high,
+           "mbu": roof.get("fast", {}).get("mbu"), "experts_per_layer": PP.experts_per_layer(traffic),
+           "random_experts_per_layer": random_experts, "n_experts": (traffic or {}).get("n_experts"),
+           "token_agreement": agreement["share"], "fired": fired}
+    PROMPT_RESULTS.append(row)
+    if not fired:
+        msg = ("the fast path " + (f"refused steps ({', '.join(refused)})" if refused else "reported no event")
+               + " while decoding the prompts: its figures would time the standard path")
+    else:
+        msg = (f"{task}{f' bucket {bucket}' if bucket else ''}, batch {batch}: fast {row['fast_tok_s']:,.0f} tok/s "
+               f"vs standard {row['std_tok_s']:,.0f}, speedup {verdict.speedup:.3f}x "
+               f"[{verdict.ci_low:.3f}, {verdict.ci_high:.3f}]; reported, not gated")
+    if not gated:
+        msg = f"{why}. {msg}"
+    record("perf_speedup", "prompt_speedup", verdict.speedup, status="info" if fired else "error", path="fast",
+           message=msg, detail=H.jsonable({**row, "outcome": verdict.outcome, "generated": generated,
+                                           "common_prefix": agreement["common_prefix"], "problems": [problem] if problem else []}),
+           evidence=H.jsonable({"baseline_s": rounds.a, "fast_s": rounds.b, "order": rounds.order(),
+                                "segments": rounds.segments, "setup_s": {"standard": std_setup, "fast": fast_setup},
+                                "traffic": traffic, "bandwidth": bw, "roofline": roof, "settings": s,
+                                "verdict": verdict.as_dict(), "refused": refused}))
+
+
+def build_prompt_step(model, prompts: list[list[int]], tokens: int):
+    """(step, setup seconds): prefill, then one call (graph capture inside), then back to the start."""
+    t0 = time.perf_counter()
+    step = model.prompt_step(prompts, tokens)
+    step()
+    step.reset()
+    _sync(model)
+    return step, time.perf_counter() - t0
+
+
 @pytest.mark.fastpath(kind="control", gate="perf_control")
 def test_control(case, fp_models, fp_engine, fp_spec, fp_tier, record):
     batch, context, draft, gated, why, s = case_settings(case, fp_spec, fp_tier, fp_engine)
@@ -350,7 +438,7 @@ def test_summary(case, fp_engine, fp_spec, fp_tier, record, request):
              f"pass iff its lower bound > {s['min_speedup']}\n")
     if not gated:
         head += f"\nnot gated: {why}\n"
-    text = head + "\n" + table
+    text = head + "\n" + table + ("\n" + PP.summary_table(PROMPT_RESULTS) if PROMPT_RESULTS else "")
     print(text)  # into logs/perf.log
     out = request.config.getoption("fastpath_artifacts", None)
     if out:
@@ -358,7 +446,7 @@ def test_summary(case, fp_engine, fp_spec, fp_tier, record, request):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "summary.md").write_text(text, encoding="utf-8")
         (folder / "summary.json").write_text(json.dumps(H.jsonable(
-            {"cases": RESULTS, "bandwidth": bw, "control": control, "gated": gated,
+            {"cases": RESULTS, "prompt_cases": PROMPT_RESULTS, "bandwidth": bw, "control": control, "gated": gated,
              "standard_compile": info.get("standard_compile")}), indent=1, sort_keys=True), encoding="utf-8")
     record("perf_speedup", "summary_cases", len(RESULTS), status="info", message="" if gated else why,
            evidence=H.jsonable({"table": text, "cases": RESULTS, "bandwidth": bw, "control": control}))

@@ -103,6 +103,10 @@ class K3LoadedModel:
     def decode_step(self, batch: int, context: int, draft: int = 0):
         return self.runner.decode_step(batch, context, draft)
 
+    def prompt_step(self, prompts: list[list[int]], tokens: int):
+        """fastpath.engine.PromptModel: greedy decode of real prompts, ``tokens`` steps per ``reset()``."""
+        return self.runner.prompt_step(prompts, tokens)
+
     def step_traffic(self, batch: int, context: int, draft: int = 0) -> dict:
         """Bytes the step ``decode_step(batch, context, draft)`` must move (fastpath.engine.RooflineModel)."""
         return self.runner.step_traffic(batch, context, draft)

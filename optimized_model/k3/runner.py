@@ -364,6 +364,13 @@ class K3Runner:
 
         return fallback
 
+    def prompt_step(self, prompts: list[list[int]], tokens: int) -> Callable[[], None]:
+        """One greedy decode step of real generation per call after prefilling ``prompts``, with
+        ``reset()`` back to the prefill's end (``prompt_decode.PromptDecode``)."""
+        from .prompt_decode import PromptDecode
+
+        return PromptDecode(self, prompts, tokens)
+
     def _bench_inputs(self, batch: int, context: int, seed: int, draft: int = 0) -> tuple[DecodeState, torch.Tensor]:
         """The random-but-valid state and the tokens of a benchmark step (the fast path's
         bench_hook makes the same ones from the same seed): [batch], or [batch, draft + 1] for
