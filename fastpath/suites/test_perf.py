@@ -342,15 +342,18 @@ def test_prompts(case, fp_case_models, fp_case_engine, fp_spec, fp_tier, record)
         generated[name] = step.generated_ids()
     verdict = stats.judge_speedup(rounds.a, rounds.b, min_speedup=s["min_speedup"], confidence=s["confidence"],
                                   n_resamples=s["n_resamples"], seed=zlib.crc32(H.case_id(case).encode()))
+    problems: list[str] = []
     try:
-        traffic, problem = std_step.traffic(), ""
+        traffic = std_step.traffic()
     except Exception as exc:
-        traffic, problem = None, f"no roofline: traffic() raised {type(exc).__name__}: {exc}"[:500]
+        traffic = None
+        problems.append(f"no roofline: traffic() raised {type(exc).__name__}: {exc}"[:500])
     context = max(len(p) for p in prompts)
     try:  # the random-state step of the same shape, for its routing
         random_experts = PP.experts_per_layer(traffic_of(std_model, batch, context, 0))
-    except Exception:
+    except Exception as exc:
         random_experts = None
+        problems.append(f"no random-state routing: step_traffic raised {type(exc).__name__}: {exc}"[:500])
     del std_step, fast_step
     _free()
     times = {"standard": median(rounds.a), "fast": median(rounds.b)}
@@ -376,7 +379,7 @@ def test_prompts(case, fp_case_models, fp_case_engine, fp_spec, fp_tier, record)
         msg = f"{why}. {msg}"
     record("perf_speedup", "prompt_speedup", verdict.speedup, status="info" if fired else "error", path="fast",
            message=msg, detail=H.jsonable({**row, "outcome": verdict.outcome, "generated": generated,
-                                           "common_prefix": agreement["common_prefix"], "problems": [problem] if problem else []}),
+                                           "common_prefix": agreement["common_prefix"], "problems": problems}),
            evidence=H.jsonable({"baseline_s": rounds.a, "fast_s": rounds.b, "order": rounds.order(),
                                 "segments": rounds.segments, "setup_s": {"standard": std_setup, "fast": fast_setup},
                                 "traffic": traffic, "bandwidth": bw, "roofline": roof, "settings": s,
