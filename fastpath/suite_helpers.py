@@ -74,6 +74,13 @@ def environment_refusal(reason: str, engine: Any) -> bool:
     return ENVIRONMENT_REASONS.get(reason) == device_kind(engine)
 
 
+def unexplained_refusals(rec: Any, engine: Any) -> list[str]:
+    """``component:reason`` of every refusal in ``rec`` that is neither the prefill hand-off nor
+    one this machine explains (no_cuda on CPU): each means the standard path ran a decode step."""
+    return sorted({f"{e.component}:{e.detail}" for e in rec.refused()
+                   if e.detail != "prefill" and not environment_refusal(e.detail, engine)})
+
+
 def prompt_text(seed: int, n_chars: int) -> str:
     rng = random.Random(seed)
     out: list[str] = []

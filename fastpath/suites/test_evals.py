@@ -102,8 +102,7 @@ def evals_run(fp_engine, fp_models, fp_spec, fp_tier, request, tmp_path_factory)
     # generate never mixes prefill and decode (vLLM: a call's prompts fit one step's token budget):
     # a refusal other than "prefill" or one this machine explains (no_cuda on CPU) put standard
     # steps under "fast"
-    refused = sorted({f"{e.component}:{e.detail}" for e in rec.refused()
-                      if e.detail != "prefill" and not H.environment_refusal(e.detail, fp_engine)})
+    refused = H.unexplained_refusals(rec, fp_engine)
     return {"runs": runs, "engaged": len(rec.engaged()), "refused": refused,
             "components": sorted({e.component for e in rec.engaged()}),
             "engine": H.engine_summary(fp_engine),  # after the loads: vLLM's engine_starts counts them

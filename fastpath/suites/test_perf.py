@@ -332,8 +332,7 @@ def test_prompts(case, fp_case_models, fp_case_engine, fp_spec, fp_tier, record)
         timer = pt.segment_timer(H.device_kind(fp_case_engine))
         pt.warm_up([std_step, fast_step], s["warmup"])
         rounds = pt.abba_rounds(std_step, fast_step, s["rounds"], s["replays"], timer)
-    refused = sorted({f"{e.component}:{e.detail}" for e in rec.refused()
-                      if e.detail != "prefill" and not H.environment_refusal(e.detail, fp_case_engine)})
+    refused = H.unexplained_refusals(rec, fp_case_engine)
     generated = {}
     for name, step in (("standard", std_step), ("fast", fast_step)):  # the tokens of one segment, per path
         step.reset()
