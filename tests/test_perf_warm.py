@@ -1,0 +1,56 @@
+"""lab/perf_warm.py: the warm-up spec plans exactly the real spec's perf cases, with timing cut."""
+
+import time
+from pathlib import Path
+
+import pytest
+
+from fastpath.plan import build_plan
+from fastpath.spec import load_spec
+from lab import perf_warm
+
+SPEC = Path(__file__).resolve().parents[1] / "optimized_model" / "k3" / "fastpath.toml"
+
+
+def _perf_cases(spec):
+    cases, waivers = build_plan(spec, "full").for_suite("perf")
+    return [(c.case_id, c.config) for c in cases], [w.case.case_id for w in waivers]
+
+
+def test_warm_spec_builds_every_perf_case_of_the_real_one(tmp_path):
+    warm = tmp_path / "warm.toml"
+    warm.write_text(perf_warm.warm_spec_text(SPEC.read_text()))
+    real, cheap = load_spec(SPEC), load_spec(warm)  # the schema accepts the cut values
+    assert _perf_cases(cheap) == _perf_cases(real)
+    assert len(_perf_cases(real)[0]) > 10
+    for key, value in perf_warm.CHEAPEST.items():
+        assert cheap.perf[key] == value
+    assert cheap.perf["prompt_decode"] == real.perf["prompt_decode"]
+    assert real.perf["replays"] > 1 and real.perf["budget_s"] > 0  # there was something to cut
+
+
+def test_absent_keys_are_added_and_comments_kept():
+    text = "[fastpath]\nname = 'x'\n\n[perf]\nrounds = 20   # why twenty\n\n[evals]\nseed = 1\n"
+    out = perf_warm.warm_spec_text(text)
+    assert "rounds = 10   # why twenty" in out
+    assert "replays = 1\n" in out and out.index("replays = 1") < out.index("[evals]")
+    assert "seed = 1" in out
+
+
+def test_a_spec_without_perf_is_refused():
+    with pytest.raises(SystemExit, match="no \\[perf\\] table"):
+        perf_warm.warm_spec_text("[fastpath]\nname = 'x'\n")
+
+
+def test_run_for_stops_the_whole_process_group(tmp_path):
+    marker = tmp_path / "child-alive"
+    # a shell whose child would write the marker after 3 s: stopping the group must stop both
+    script = f"sleep 3 && touch {marker} & wait"
+    rc = perf_warm.run_for(["bash", "-c", script], seconds=0.5)
+    assert rc != 0
+    time.sleep(3.5)
+    assert not marker.exists()
+
+
+def test_run_for_returns_the_exit_code_in_time():
+    assert perf_warm.run_for(["bash", "-c", "exit 3"], seconds=10) == 3
