@@ -1,0 +1,69 @@
+"""Can a carried full-tier run directory still be resumed from this tree? Asked here, on the CPU,
+before a GPU command is spent on `fastpath verify --resume`, which would refuse it there.
+
+    python3 -m lab.carried_run [.carry/full.tar.gz] [--spec optimized_model/k3/fastpath.toml]
+
+Reads the run's ``full/state/run.json`` (the attested digests and the spec digest the run started
+with) and ``full/state/done/`` (finished suites) straight from the archive, computes the tree's
+digests as verify does (fastpath.digest.attested_parts) and prints either "resumable" with the
+suites done and left, or what changed per part. Exit 0 resumable, 1 not, 2 unreadable archive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+from fastpath.digest import attested_parts, stale_parts
+from fastpath.spec import load_spec
+
+
+def read_run(archive: Path) -> tuple[dict, list[str]]:
+    """(run.json, finished suites) of the run directory archived under ``full/``."""
+    with tarfile.open(archive, "r:gz") as tar:
+        member = tar.extractfile("full/state/run.json")
+        if member is None:
+            raise KeyError("full/state/run.json")
+        info = json.load(member)
+        done = sorted(Path(m.name).stem for m in tar.getmembers()
+                      if m.isfile() and Path(m.name).parent.as_posix() == "full/state/done")
+    return info, done
+
+
+def verdict(info: dict, done: list[str], root: Path, spec_path: Path) -> tuple[bool, list[str]]:
+    spec = load_spec(spec_path)
+    lines: list[str] = []
+    if spec.digest != info.get("spec_digest"):
+        lines.append(f"spec: {spec_path} differs from the run's")
+    tree = attested_parts(root, spec)
+    stale = stale_parts(tree, info.get("attested") or {}, {})
+    for part in stale:
+        lines.append(f"{part}: its digest differs from the run's")
+    if lines:
+        return False, lines + ["start afresh (`--out`), or resume from a checkout of the run's commit"]
+    left = [s for s in spec.suites() if s not in done]
+    return True, [f"resumable: the attested tree is the run's; done: {', '.join(done) or 'none'}; "
+                  f"left: {', '.join(left) or 'none'}"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("archive", nargs="?", default=".carry/full.tar.gz")
+    ap.add_argument("--spec", default="optimized_model/k3/fastpath.toml")
+    a = ap.parse_args(argv)
+    try:
+        info, done = read_run(Path(a.archive))
+    except (OSError, tarfile.TarError, KeyError, json.JSONDecodeError) as exc:
+        print(f"carried_run: cannot read {a.archive}: {exc}; fix: pass the full.tar.gz a "
+              "gpu_full_tier.sh call returned", file=sys.stderr)
+        return 2
+    ok, lines = verdict(info, done, Path.cwd(), Path(a.spec))
+    print("\n".join(lines))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

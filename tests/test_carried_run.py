@@ -1,0 +1,55 @@
+"""lab/carried_run.py: says whether a carried run directory still matches the attested tree."""
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+from fastpath.digest import attested_parts
+from fastpath.spec import load_spec
+from lab import carried_run
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = ROOT / "optimized_model" / "k3" / "fastpath.toml"
+
+
+def _archive(path: Path, run: dict, done: list[str]) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in [("full/state/run.json", json.dumps(run).encode()),
+                           *[(f"full/state/done/{s}.json", b"{}") for s in done]]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _run_of_this_tree() -> dict:
+    spec = load_spec(SPEC)
+    parts = attested_parts(ROOT, spec)["parts"]
+    return {"spec_digest": spec.digest, "attested": {p: v["digest"] for p, v in parts.items()}}
+
+
+def test_a_run_of_this_tree_is_resumable_and_names_what_is_left(tmp_path, monkeypatch, capsys):
+    archive = _archive(tmp_path / "full.tar.gz", _run_of_this_tree(), ["coverage", "kernels"])
+    monkeypatch.chdir(ROOT)
+    assert carried_run.main([str(archive)]) == 0
+    out = capsys.readouterr().out
+    assert "resumable" in out and "done: coverage, kernels" in out and "left: parity, features, evals, perf" in out
+
+
+def test_a_changed_part_is_named_and_refused(tmp_path, monkeypatch, capsys):
+    run = _run_of_this_tree()
+    run["attested"]["validation"] = "0" * 64
+    archive = _archive(tmp_path / "full.tar.gz", run, [])
+    monkeypatch.chdir(ROOT)
+    assert carried_run.main([str(archive)]) == 1
+    out = capsys.readouterr().out
+    assert "validation: its digest differs" in out and "start afresh" in out and "fast_path" not in out
+
+
+def test_an_unreadable_archive_is_one_line_with_the_fix(tmp_path, capsys):
+    bad = tmp_path / "full.tar.gz"
+    bad.write_bytes(b"not a tar")
+    assert carried_run.main([str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot read" in err[0] and "fix:" in err[0]
