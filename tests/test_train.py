@@ -275,3 +275,15 @@ def test_a_state_saved_before_the_solution_styles_resumes_on_the_style_it_learnt
     del saved["mix"]["aime_style"]
     assert TrainConfig.from_json(saved).mix.aime_style == "lines"
     assert TrainConfig.from_json(TrainConfig().to_json()).mix.aime_style == Mix().aime_style == "columns"
+
+
+def test_the_probes_aime_size_per_style_matches_the_eval_tasks_length():
+    # the full tier's aime25 asks for ~1,050-token worked solutions (24 steps of "lines"); the
+    # probe judges a checkpoint of either style at that length
+    from fastpath.evals import aime
+    from optimized_model.k3.tokenizer import K3Tokenizer
+
+    tok = K3Tokenizer()
+    for style, steps in probe.AIME_PROBE_STEPS.items():
+        lengths = [len(tok.encode(aime.solution(aime.generate(s, 1, steps)[0], style))) for s in range(10)]
+        assert 900 <= sum(lengths) / len(lengths) <= 1200, (style, lengths)

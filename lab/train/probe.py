@@ -79,7 +79,15 @@ def _generate(model, rendered: list[tuple[list[int], list[int]]], extra: int) ->
     return [r.text for r in model.generate(requests)]
 
 
-def probe(model, tok, n: int, aime_style: str, mrcr_tokens=(400, 2000), aime_steps: int = 24, say=print) -> dict:
+# Operations per probed AIME problem, per solution style: the size whose worked solution is ~1,050
+# tokens, what the full tier's aime25 task asks for (lines: its steps = 24; columns, ~130 tokens
+# an operation: 8 steps, mean 1,061 tokens, max 1,319, over seeds 0-19)
+AIME_PROBE_STEPS = {"lines": 24, "columns": 8}
+
+
+def probe(model, tok, n: int, aime_style: str, mrcr_tokens=(400, 2000), aime_steps: int | None = None,
+          say=print) -> dict:
+    aime_steps = aime_steps or AIME_PROBE_STEPS[aime_style]
     out: dict = {}
     for size in mrcr_tokens:
         scores, same, top = [], [], []
@@ -119,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=8, help="documents per task")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default=None, help="write the summary here as JSON")
+    ap.add_argument("--aime-steps", type=int, default=None,
+                    help="operations per AIME problem (default: AIME_PROBE_STEPS of the weights' style)")
     args = ap.parse_args(argv)
 
     from safetensors import safe_open
@@ -135,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     with safe_open(args.weights, "pt") as f:
         style = (f.metadata() or {}).get("aime_style", aime.SOLUTION_STYLE)
     t0 = time.monotonic()
-    summary = probe(model, model.tokenizer, args.n, style, say=lambda s: print(s, flush=True))
+    summary = probe(model, model.tokenizer, args.n, style, aime_steps=args.aime_steps,
+                    say=lambda s: print(s, flush=True))
     summary.update(weights=args.weights, sha256=digest, seconds=round(time.monotonic() - t0, 1))
     if args.out:
         with open(args.out, "w") as f:
