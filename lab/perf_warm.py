@@ -2,7 +2,7 @@
 the phase itself fits its ``[perf] budget_s`` (cases reached after it are error rows).
 
     python3 -m lab.perf_warm --seconds 300 [--spec optimized_model/k3/fastpath.toml] [--out /tmp/perf-warm]
-    bash lab/gpu_steps.sh "warm:320:python3 -m lab.perf_warm --seconds 300"     # on the H200
+    bash lab/gpu_steps.sh "warm:330:python3 -m lab.perf_warm --seconds 300"     # on the H200
 
 Writes the spec with ``[perf]``'s timing cut to the least the schema allows (10 rounds of one
 replay, no warm-up, no pilot rounds, no extra batches, no budget) to ``.perf-warm.toml`` at the
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # timeout(1)'s signal: stop verify too
     Path(WARM_SPEC).write_text(warm_spec_text(Path(a.spec).read_text()))
-    subprocess.run(["rm", "-rf", a.out], check=True)
+    shutil.rmtree(a.out, ignore_errors=True)
     cmd = ["fastpath", "verify", WARM_SPEC, "--tier", "full", "--only", "perf", "--out", a.out]
     print("perf_warm:", " ".join(cmd), flush=True)
     rc = run_for(cmd, a.seconds)
