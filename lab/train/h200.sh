@@ -4,7 +4,8 @@
 #   bash lab/train/h200.sh .train/run1     # a later run, from the state the previous one returned
 # Carry `.whl` (fla-core 0.6.0, for chunk_kda's forward and backward) and, for a later run, the
 # folder holding the previous run's state-*.safetensors and train-log.jsonl (e.g. `.train`).
-# $OUT gets state-00..03.safetensors (53 MiB), train-log.jsonl, probe.json and logs.tar.gz: 7 files.
+# $OUT gets state-00..03.safetensors (53 MiB), train-log.jsonl, autotune.tar.gz, probe.json and
+# logs.tar.gz: 8 files, the most a command returns.
 # lab/train/run.py stops itself inside --budget, so the state is saved before the step's limit;
 # then the probe (lab/train/probe.py) says what the weights can do on the tasks, not only the loss.
 set -u

@@ -5,6 +5,7 @@ inside ``--budget`` seconds; the state shards (checkpoint.py) and ``train-log.js
 ``--out`` at the end (and every ``--save-every`` seconds on the way). ``--resume DIR`` continues
 from the files a previous run returned. The first run sets the schedule (``--total-train-s``:
 the training seconds every run together will have) and the data mix; a resumed run keeps them.
+On the GPU, Triton's autotuning results travel too (``autotune.tar.gz``, autotune_cache.py).
 lab/train/h200.sh runs this on the H200.
 """
 
@@ -13,6 +14,9 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
+
+from lab.train import autotune_cache
 
 START = time.monotonic()
 
@@ -68,6 +72,15 @@ def _fit_tokens_per_step(mix, device: str, moe: str):
     return mix
 
 
+def _carry_autotuning(action, verb: str) -> None:
+    """Autotuning results are a time saving only: a failure to carry them never stops training."""
+    try:
+        print(f"autotune cache: {verb} {action()} results", flush=True)
+    except Exception as exc:
+        print(f"autotune cache: not {verb} ({type(exc).__name__}: {str(exc)[:200]}); Triton autotunes afresh",
+              flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=float, default=560.0, help="seconds for the whole command")
@@ -82,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--save-every", type=float, default=150.0)
     ap.add_argument("--moe-backend", choices=("grouped", "loop", "auto"), default="auto")
     args = ap.parse_args(argv)
+    autotune_cache.enable()  # before torch/triton are imported
 
     import torch
 
@@ -94,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     tc = TrainConfig(config=args.config, total_train_s=args.total_train_s, save_every_s=args.save_every, mix=mix)
     if args.lr is not None:
         tc.lr = args.lr
+    if device == "cuda" and args.resume:
+        _carry_autotuning(lambda: autotune_cache.unpack(Path(args.resume) / autotune_cache.ARCHIVE,
+                                                        autotune_cache.cache_dir()), "restored")
     moe = _moe_backend_probe(device) if args.moe_backend == "auto" else args.moe_backend
     if not args.resume:
         tc.mix = _fit_tokens_per_step(tc.mix, device, moe)
@@ -104,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     last = train(tc, device=device, out_dir=args.out, deadline=deadline, resume=args.resume, workers=workers,
                  compute_dtype=torch.bfloat16 if device == "cuda" else torch.float32,
                  moe_backend=moe, say=lambda s: print(s, flush=True))
+    if device == "cuda":
+        _carry_autotuning(lambda: autotune_cache.pack(autotune_cache.cache_dir(),
+                                                      Path(args.out) / autotune_cache.ARCHIVE), "packed")
     print(f"train: done at step {last['step']}, {time.monotonic() - START:.0f} s after start", flush=True)
     return 0
 
