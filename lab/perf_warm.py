@@ -11,8 +11,9 @@ repository root, outside every attested glob (a resumed run checks the attested 
 in the real phase: the fast path's Triton kernels land in Triton's cache (``~/.triton/cache``), the
 standard steps' ``torch.compile`` graphs in Inductor's FX-graph cache, both on disk, and the real
 phase then builds from them. What it measures is thrown away: never a bundle. After
-``--seconds`` it stops verify (SIGINT to its process group, then SIGKILL) and keeps what is cached:
-no process of it may outlive the command and share the GPU with the timed phase.
+``--seconds`` it stops verify (SIGINT to its process group; SIGKILL to what is left of it) and
+keeps what is cached: no process of it may outlive the command and share the GPU with the timed
+phase.
 
 Why: run Z's perf phase took 457 s, 271 s of it building (compiles, captures), on a machine whose
 Triton cache the first phase had filled; the spec has 10 cases more since, and a perf phase on a
@@ -59,30 +60,32 @@ def warm_spec_text(text: str) -> str:
     return out
 
 
-def run_for(cmd: list[str], seconds: float) -> int:
-    """Run ``cmd`` in its own process group for at most ``seconds``; then stop the whole group."""
+def run_for(cmd: list[str], seconds: float, grace: float = 20.0) -> int:
+    """Run ``cmd`` in its own process group for at most ``seconds``; then stop it. Either way no
+    member of the group is left running: nothing of the warm-up may share the GPU with the timed
+    phase that follows."""
     proc = subprocess.Popen(cmd, start_new_session=True)
     try:
-        return proc.wait(timeout=seconds)
+        rc = proc.wait(timeout=seconds)
     except subprocess.TimeoutExpired:
         print(f"perf_warm: {seconds:.0f} s reached, stopping verify", flush=True)
-        return _stop(proc)
-    except BaseException:  # our own interruption: never leave verify running on the GPU
-        _stop(proc)
-        raise
-
-
-def _stop(proc: subprocess.Popen) -> int:
-    for sig, grace in ((signal.SIGINT, 20), (signal.SIGKILL, 10)):
+        _signal_group(proc.pid, signal.SIGINT)  # verify keeps what it finished and exits
         try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            return proc.wait(timeout=grace)
+            rc = proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
-            continue
-    return proc.wait()
+            rc = None
+    except BaseException:  # our own interruption
+        _signal_group(proc.pid, signal.SIGKILL)
+        raise
+    _signal_group(proc.pid, signal.SIGKILL)  # whatever is left of the group (a stray worker)
+    return proc.wait() if rc is None else rc
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:  # the group is gone already
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:

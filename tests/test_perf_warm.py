@@ -42,14 +42,21 @@ def test_a_spec_without_perf_is_refused():
         perf_warm.warm_spec_text("[fastpath]\nname = 'x'\n")
 
 
-def test_run_for_stops_the_whole_process_group(tmp_path):
-    marker = tmp_path / "child-alive"
-    # a shell whose child would write the marker after 3 s: stopping the group must stop both
-    script = f"sleep 3 && touch {marker} & wait"
-    rc = perf_warm.run_for(["bash", "-c", script], seconds=0.5)
-    assert rc != 0
-    time.sleep(3.5)
+def test_run_for_leaves_no_member_of_the_group_running(tmp_path):
+    marker = tmp_path / "member-alive"
+    # the leader exits on SIGINT; a member that ignores SIGINT would touch the marker after 2 s
+    script = f"(trap '' INT; sleep 2; touch {marker}) & sleep 30"
+    start = time.monotonic()
+    perf_warm.run_for(["bash", "-c", script], seconds=0.5, grace=5)
+    assert time.monotonic() - start < 5
+    time.sleep(2.5)
     assert not marker.exists()
+
+
+def test_run_for_kills_a_leader_that_ignores_sigint():
+    start = time.monotonic()
+    rc = perf_warm.run_for(["bash", "-c", "trap '' INT; sleep 30"], seconds=0.3, grace=0.5)
+    assert rc == -9 and time.monotonic() - start < 5
 
 
 def test_run_for_returns_the_exit_code_in_time():
