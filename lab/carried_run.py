@@ -21,27 +21,39 @@ from fastpath.digest import attested_parts, stale_parts
 from fastpath.spec import load_spec
 
 
-def read_run(archive: Path) -> tuple[dict, list[str]]:
-    """(run.json, finished suites) of the run directory archived under ``full/``."""
+def read_run(archive: Path) -> tuple[dict, list[str], dict[str, list]]:
+    """(run.json, finished suites, the files each attested part held) of the run directory archived
+    under ``full/``; the file lists come from the bundle directory's attested.json, written once a
+    suite finished (empty before)."""
     with tarfile.open(archive, "r:gz") as tar:
         member = tar.extractfile("full/state/run.json")
         if member is None:
             raise KeyError("full/state/run.json")
         info = json.load(member)
-        done = sorted(Path(m.name).stem for m in tar.getmembers()
-                      if m.isfile() and Path(m.name).parent.as_posix() == "full/state/done")
-    return info, done
+        members = [m for m in tar.getmembers() if m.isfile()]
+        done = sorted(Path(m.name).stem for m in members if Path(m.name).parent.as_posix() == "full/state/done")
+        recorded: dict[str, list] = {}
+        for m in members:
+            path = Path(m.name)
+            if path.name == "attested.json" and path.parent.parent.as_posix() == "full":
+                parts = json.load(tar.extractfile(m)).get("parts") or {}
+                recorded = {part: value.get("files") or [] for part, value in parts.items()}
+    return info, done, recorded
 
 
-def verdict(info: dict, done: list[str], root: Path, spec_path: Path) -> tuple[bool, list[str]]:
+def verdict(info: dict, done: list[str], recorded: dict[str, list], root: Path,
+            spec_path: Path) -> tuple[bool, list[str]]:
     spec = load_spec(spec_path)
     lines: list[str] = []
     if spec.digest != info.get("spec_digest"):
         lines.append(f"spec: {spec_path} differs from the run's")
     tree = attested_parts(root, spec)
-    stale = stale_parts(tree, info.get("attested") or {}, {})
-    for part in stale:
-        lines.append(f"{part}: its digest differs from the run's")
+    for part, files in stale_parts(tree, info.get("attested") or {}, recorded).items():
+        if part == "spec":  # named above
+            continue
+        files = files if part in recorded else []  # without the run's file list, every file looks new
+        named = ", ".join(files[:8]) + (f" (+{len(files) - 8} more)" if len(files) > 8 else "")
+        lines.append(f"{part}: " + (named or "its digest differs from the run's"))
     if lines:
         return False, lines + ["start afresh (`--out`), or resume from a checkout of the run's commit"]
     left = [s for s in spec.suites() if s not in done]
@@ -55,12 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spec", default="optimized_model/k3/fastpath.toml")
     a = ap.parse_args(argv)
     try:
-        info, done = read_run(Path(a.archive))
+        info, done, recorded = read_run(Path(a.archive))
     except (OSError, tarfile.TarError, KeyError, json.JSONDecodeError) as exc:
         print(f"carried_run: cannot read {a.archive}: {exc}; fix: pass the full.tar.gz a "
               "gpu_full_tier.sh call returned", file=sys.stderr)
         return 2
-    ok, lines = verdict(info, done, Path.cwd(), Path(a.spec))
+    ok, lines = verdict(info, done, recorded, Path.cwd(), Path(a.spec))
     print("\n".join(lines))
     return 0 if ok else 1
 

@@ -13,24 +13,28 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "optimized_model" / "k3" / "fastpath.toml"
 
 
-def _archive(path: Path, run: dict, done: list[str]) -> Path:
+def _archive(path: Path, run: dict, done: list[str], attested: dict | None = None) -> Path:
+    files = [("full/state/run.json", json.dumps(run).encode()),
+             *[(f"full/state/done/{s}.json", b"{}") for s in done]]
+    if attested is not None:
+        files.append(("full/k3.full.fastpath/attested.json", json.dumps(attested).encode()))
     with tarfile.open(path, "w:gz") as tar:
-        for name, data in [("full/state/run.json", json.dumps(run).encode()),
-                           *[(f"full/state/done/{s}.json", b"{}") for s in done]]:
+        for name, data in files:
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     return path
 
 
-def _run_of_this_tree() -> dict:
+def _run_of_this_tree() -> tuple[dict, dict]:
     spec = load_spec(SPEC)
-    parts = attested_parts(ROOT, spec)["parts"]
-    return {"spec_digest": spec.digest, "attested": {p: v["digest"] for p, v in parts.items()}}
+    attested = attested_parts(ROOT, spec)
+    run = {"spec_digest": spec.digest, "attested": {p: v["digest"] for p, v in attested["parts"].items()}}
+    return run, attested
 
 
 def test_a_run_of_this_tree_is_resumable_and_names_what_is_left(tmp_path, monkeypatch, capsys):
-    archive = _archive(tmp_path / "full.tar.gz", _run_of_this_tree(), ["coverage", "kernels"])
+    archive = _archive(tmp_path / "full.tar.gz", _run_of_this_tree()[0], ["coverage", "kernels"])
     monkeypatch.chdir(ROOT)
     assert carried_run.main([str(archive)]) == 0
     out = capsys.readouterr().out
@@ -38,13 +42,24 @@ def test_a_run_of_this_tree_is_resumable_and_names_what_is_left(tmp_path, monkey
 
 
 def test_a_changed_part_is_named_and_refused(tmp_path, monkeypatch, capsys):
-    run = _run_of_this_tree()
+    run, _ = _run_of_this_tree()
     run["attested"]["validation"] = "0" * 64
     archive = _archive(tmp_path / "full.tar.gz", run, [])
     monkeypatch.chdir(ROOT)
     assert carried_run.main([str(archive)]) == 1
     out = capsys.readouterr().out
     assert "validation: its digest differs" in out and "start afresh" in out and "fast_path" not in out
+
+
+def test_a_changed_file_is_named_where_the_run_recorded_its_files(tmp_path, monkeypatch, capsys):
+    run, attested = _run_of_this_tree()
+    run["attested"]["validation"] = "0" * 64
+    changed = attested["parts"]["validation"]["files"][0]
+    changed["sha256"] = "f" * 64
+    archive = _archive(tmp_path / "full.tar.gz", run, ["coverage"], attested)
+    monkeypatch.chdir(ROOT)
+    assert carried_run.main([str(archive)]) == 1
+    assert f"validation: {changed['path']}" in capsys.readouterr().out
 
 
 def test_an_unreadable_archive_is_one_line_with_the_fix(tmp_path, capsys):
