@@ -11,8 +11,8 @@ repository root, outside every attested glob (a resumed run checks the attested 
 in the real phase: the fast path's Triton kernels land in Triton's cache (``~/.triton/cache``), the
 standard steps' ``torch.compile`` graphs in Inductor's FX-graph cache, both on disk, and the real
 phase then builds from them. What it measures is thrown away: never a bundle. After
-``--seconds`` it stops verify (SIGINT to its process group; SIGKILL to what is left of it) and
-keeps what is cached: no process of it may outlive the command and share the GPU with the timed
+``--seconds`` it stops verify (SIGTERM, which verify takes like Ctrl-C; then SIGKILL to what is
+left of its process group) and keeps what is cached: no process of it may outlive the command and share the GPU with the timed
 phase.
 
 Why: run Z's perf phase took 457 s, 271 s of it building (compiles, captures), on a machine whose
@@ -69,7 +69,9 @@ def run_for(cmd: list[str], seconds: float, grace: float = 20.0) -> int:
         rc = proc.wait(timeout=seconds)
     except subprocess.TimeoutExpired:
         print(f"perf_warm: {seconds:.0f} s reached, stopping verify", flush=True)
-        _signal_group(proc.pid, signal.SIGINT)  # verify keeps what it finished and exits
+        # SIGTERM, not SIGINT: verify stops on it like Ctrl-C and stops its workers; SIGINT is
+        # ignored by whatever a non-interactive shell started in the background (seen in CI)
+        proc.terminate()
         try:
             rc = proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:

@@ -44,9 +44,9 @@ def test_a_spec_without_perf_is_refused():
 
 def test_run_for_leaves_no_member_of_the_group_running(tmp_path):
     marker = tmp_path / "member-alive"
-    # a member that ignores SIGINT would touch the marker 4 s in, after the leader is stopped
-    # (SIGINT at 0.5 s, SIGKILL to the group by 1.5 s at the latest, however slow the leader is)
-    script = f"(trap '' INT; sleep 4; touch {marker}) & sleep 30"
+    # a member the stop signal does not reach would touch the marker 4 s in (SIGTERM to the
+    # leader at 0.5 s, SIGKILL to the group by 1.5 s at the latest, however slow the leader is)
+    script = f"(trap '' INT TERM; sleep 4; touch {marker}) & sleep 30"
     start = time.monotonic()
     perf_warm.run_for(["bash", "-c", script], seconds=0.5, grace=1)
     assert time.monotonic() - start < 3.5
@@ -54,9 +54,9 @@ def test_run_for_leaves_no_member_of_the_group_running(tmp_path):
     assert not marker.exists()
 
 
-def test_run_for_kills_a_leader_that_ignores_sigint():
+def test_run_for_kills_a_leader_that_ignores_the_stop_signal():
     start = time.monotonic()
-    rc = perf_warm.run_for(["bash", "-c", "trap '' INT; sleep 30"], seconds=0.3, grace=0.5)
+    rc = perf_warm.run_for(["bash", "-c", "trap '' INT TERM; sleep 30"], seconds=0.3, grace=0.5)
     assert rc == -9 and time.monotonic() - start < 5
 
 
