@@ -3,8 +3,8 @@ before a GPU command is spent on `fastpath verify --resume`, which would refuse 
 
     python3 -m lab.carried_run [.carry/full.tar.gz] [--spec optimized_model/k3/fastpath.toml]
 
-Reads the run's ``full/state/run.json`` (the attested digests and the spec digest the run started
-with) and ``full/state/done/`` (finished suites) straight from the archive, computes the tree's
+Reads the run's ``full/state/run.json`` (the attested digests the run started with, the spec's
+among them) and ``full/state/done/`` (finished suites) straight from the archive, computes the tree's
 digests as verify does (fastpath.digest.attested_parts) and prints either "resumable" with the
 suites done and left, or what changed per part. Exit 0 resumable, 1 not, 2 unreadable archive.
 """
@@ -45,12 +45,8 @@ def verdict(info: dict, done: list[str], recorded: dict[str, list], root: Path,
             spec_path: Path) -> tuple[bool, list[str]]:
     spec = load_spec(spec_path)
     lines: list[str] = []
-    if spec.digest != info.get("spec_digest"):
-        lines.append(f"spec: {spec_path} differs from the run's")
-    tree = attested_parts(root, spec)
-    for part, files in stale_parts(tree, info.get("attested") or {}, recorded).items():
-        if part == "spec":  # named above
-            continue
+    # the spec is one of the attested parts (its digest is the file's, as run.json's spec_digest)
+    for part, files in stale_parts(attested_parts(root, spec), info.get("attested") or {}, recorded).items():
         files = files if part in recorded else []  # without the run's file list, every file looks new
         named = ", ".join(files[:8]) + (f" (+{len(files) - 8} more)" if len(files) > 8 else "")
         lines.append(f"{part}: " + (named or "its digest differs from the run's"))

@@ -12,8 +12,8 @@ in the real phase: the fast path's Triton kernels land in Triton's cache (``~/.t
 standard steps' ``torch.compile`` graphs in Inductor's FX-graph cache, both on disk, and the real
 phase then builds from them. What it measures is thrown away: never a bundle. After
 ``--seconds`` it stops verify (SIGTERM, which verify takes like Ctrl-C; then SIGKILL to what is
-left of its process group) and keeps what is cached: no process of it may outlive the command and share the GPU with the timed
-phase.
+left of its process group) and keeps what is cached: no process of it may outlive the command
+and share the GPU with the timed phase.
 
 Why: run Z's perf phase took 457 s, 271 s of it building (compiles, captures), on a machine whose
 Triton cache the first phase had filled; the spec has 10 cases more since, and a perf phase on a
