@@ -277,6 +277,36 @@ def test_a_state_saved_before_the_solution_styles_resumes_on_the_style_it_learnt
     assert TrainConfig.from_json(TrainConfig().to_json()).mix.aime_style == Mix().aime_style == "columns"
 
 
+def test_each_kind_carries_its_share_of_the_graded_loss():
+    """Weighed 1 a token, AIME's long solutions outweigh MRCR's answers many times over; with the
+    shares each kind present gets its part of the graded weight, whose total and the prompts'
+    weights stay as they were."""
+    tok = K3Tokenizer()
+    mix = Mix(tokens_per_step=65536, lengths=((4096, 1.0),), short_steps=0)
+    shared, plain = make_batch(mix, 3, tok), make_batch(dataclasses.replace(mix, loss_shares=None), 3, tok)
+    assert torch.equal(shared.tokens, plain.tokens) and torch.equal(shared.graded, plain.graded)
+    assert torch.equal(shared.weights[~shared.graded], plain.weights[~plain.graded])
+    graded_total = float(plain.weights[plain.graded].sum())
+    assert float(shared.weights[shared.graded].sum()) == pytest.approx(graded_total, rel=1e-5)
+    of_kind = {k: shared.graded & (shared.kind_ids == i) for i, k in enumerate(KINDS)}
+    present = {k for k, m in of_kind.items() if m.any()}
+    assert present == set(KINDS)
+    assert float(plain.weights[of_kind["aime"]].sum()) > 4 * float(plain.weights[of_kind["mrcr"]].sum())
+    for k, share in mix.loss_shares:
+        assert float(shared.weights[of_kind[k]].sum()) / graded_total == pytest.approx(share, rel=1e-4)
+    only_two = dataclasses.replace(mix, kinds=(("mrcr", 0.5), ("json", 0.5)))
+    b = make_batch(only_two, 0, tok)
+    mrcr_w = float(b.weights[b.graded & (b.kind_ids == KINDS.index("mrcr"))].sum())
+    assert mrcr_w / float(b.weights[b.graded].sum()) == pytest.approx(0.3 / 0.4, rel=1e-4)  # renormalised
+
+
+def test_a_state_saved_before_the_shares_resumes_weighing_each_graded_token_one():
+    saved = TrainConfig().to_json()
+    del saved["mix"]["loss_shares"]
+    assert TrainConfig.from_json(saved).mix.loss_shares is None
+    assert TrainConfig.from_json(TrainConfig().to_json()).mix.loss_shares == Mix().loss_shares
+
+
 def test_the_probes_aime_size_per_style_matches_the_eval_tasks_length():
     # the full tier's aime25 asks for ~1,050-token worked solutions (24 steps of "lines"); the
     # probe judges a checkpoint of either style at that length

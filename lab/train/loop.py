@@ -49,6 +49,7 @@ class TrainConfig:
         d = dict(d)
         mix = d.pop("mix")
         mix.setdefault("aime_style", "lines")  # a state saved before the styles trained on "lines"
+        mix.setdefault("loss_shares", None)  # and one saved before the shares weighed each graded token 1
         mix = Mix(**{k: tuple(tuple(x) for x in v) if isinstance(v, list) else v for k, v in mix.items()})
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}, mix=mix)
 
@@ -157,8 +158,8 @@ def train(tc: TrainConfig, *, device: str, out_dir: str | Path, deadline: float,
             opt.step()
             opt.zero_grad(set_to_none=True)
             imbalance = balance.update_router_biases(model, tc.bias_rate)
-            # per kind: (sum of cross-entropy, count) over the graded tokens (weight 1)
-            graded = (batch.weights[:, 1:] >= 1.0).to(ce.device)
+            # per kind: (sum of cross-entropy, count) over the graded tokens
+            graded = batch.graded[:, 1:].to(ce.device)
             kid = batch.kind_ids[:, 1:].to(ce.device).long()
             for k in range(len(KINDS)):
                 m = graded & (kid == k)

@@ -11,9 +11,12 @@ documents are the evals suite's own, on training seeds, rendered as its adapter 
 0.52-0.54 for 2,300 steps on rows of 2k-16k tokens, so retrieval is first learnt from
 conversations of a few hundred tokens and two to four needles (``MRCR_MIN_PROMPT_TOKENS``: the
 smallest the suite's generator makes is ~280 tokens of prompt, ~60 of answer).
-Loss weights per target token: 1 on what the evals grade (the MRCR answer, the AIME solution,
-the JSON answer), ``context_weight`` on the prompts (a small language-model signal that keeps
-the next-token distributions over prompts confident, which parity measures), 0 on padding.
+Loss weights per target token: ``context_weight`` on the prompts (a small language-model signal
+that keeps the next-token distributions over prompts confident, which parity measures), 0 on
+padding, and on what the evals grade (the MRCR answer, the AIME solution, the JSON answer, the
+copied text) weights that give each kind its ``loss_shares`` of the graded loss. Weighted 1 a
+token (runs 1 and 2), AIME's long solutions carried 66 % of a long-row step's loss weight and
+MRCR's answers 5 %: the retrieval those runs never learnt had the least of the gradient.
 Documents whose content hash is held out for the evals are skipped (eval_tasks).
 """
 
@@ -46,6 +49,9 @@ class Mix:
     # the worked solutions' style (fastpath.evals.aime.STYLES): the first checkpoint, trained on
     # "lines", got whole products wrong; "columns" works them digit by digit
     aime_style: str = "columns"
+    # each kind's share of the graded tokens' loss weight in a step (renormalised over the kinds
+    # the step holds); None weighs every graded token 1, as runs 1 and 2 did
+    loss_shares: tuple[tuple[str, float], ...] | None = (("mrcr", 0.3), ("aime", 0.4), ("json", 0.1), ("copy", 0.2))
     seed: int = 0
 
 
@@ -54,6 +60,7 @@ class Batch:
     tokens: torch.Tensor  # [B, T] int64, right-padded with pad ids
     lengths: torch.Tensor  # [B] int64
     weights: torch.Tensor  # [B, T] fp32: weight of predicting tokens[:, t] from position t - 1
+    graded: torch.Tensor  # [B, T] bool: tokens[:, t] is one the evals grade (an answer, not a prompt)
     kind_ids: torch.Tensor  # [B, T] int8: index into KINDS of the document each token belongs to
     hashes: list[str] = field(default_factory=list)  # content hashes of the documents used
     kinds: dict[str, int] = field(default_factory=dict)  # tokens per row kind
@@ -70,7 +77,7 @@ def _choice(rng: random.Random, table) -> object:
 
 class _Row:
     def __init__(self, T: int, kind: str):
-        self.T, self.kind, self.ids, self.w = T, KINDS.index(kind), [], []
+        self.T, self.kind, self.ids, self.w, self.graded = T, KINDS.index(kind), [], [], []
 
     def fits(self, n: int) -> bool:
         return len(self.ids) + n <= self.T
@@ -79,6 +86,7 @@ class _Row:
         # the first token of a document has no context inside it: weight 0
         self.ids += prompt + target
         self.w += [0.0] + [context_weight] * (len(prompt) - 1) + [1.0] * len(target)
+        self.graded += [False] * len(prompt) + [True] * len(target)
 
 
 def _seed(mix: Mix, step: int, row: int, attempt: int) -> int:
@@ -150,10 +158,29 @@ def make_batch(mix: Mix, step: int, tok=None) -> Batch:
     weights = torch.zeros(B, T, dtype=torch.float32)
     lengths = torch.zeros(B, dtype=torch.int64)
     kind_ids = torch.zeros(B, T, dtype=torch.int8)
+    graded = torch.zeros(B, T, dtype=torch.bool)
     for i, row in enumerate(rows):
         n = len(row.ids)
         tokens[i, :n] = torch.tensor(row.ids)
         weights[i, :n] = torch.tensor(row.w)
+        graded[i, :n] = torch.tensor(row.graded, dtype=torch.bool)
         kind_ids[i] = row.kind
         lengths[i] = max(n, 1)
-    return Batch(tokens, lengths, weights, kind_ids, hashes, kinds)
+    if mix.loss_shares is not None:
+        _share_graded_weight(weights, graded, kind_ids, dict(mix.loss_shares))
+    return Batch(tokens, lengths, weights, graded, kind_ids, hashes, kinds)
+
+
+def _share_graded_weight(weights: torch.Tensor, graded: torch.Tensor, kind_ids: torch.Tensor,
+                         shares: dict[str, float]) -> None:
+    """Rescale the graded tokens' weights in place so that kind k's sum is its share (renormalised
+    over the kinds present) of the graded total, which stays the number of graded tokens: the
+    prompts' weight relative to the answers is unchanged."""
+    counts = {k: int((graded & (kind_ids == i)).sum()) for i, k in enumerate(KINDS)}
+    present = {k: shares.get(k, 0.0) for k, n in counts.items() if n > 0}
+    norm, total = sum(present.values()), sum(counts.values())
+    if norm <= 0:
+        return
+    for i, k in enumerate(KINDS):
+        if k in present:
+            weights[graded & (kind_ids == i)] = present[k] / norm * total / counts[k]
