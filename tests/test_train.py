@@ -317,3 +317,18 @@ def test_the_probes_aime_size_per_style_matches_the_eval_tasks_length():
     for style, steps in probe.AIME_PROBE_STEPS.items():
         lengths = [len(tok.encode(aime.solution(aime.generate(s, 1, steps)[0], style))) for s in range(10)]
         assert 900 <= sum(lengths) / len(lengths) <= 1200, (style, lengths)
+
+
+def test_a_cpu_trial_trains_the_named_kinds_on_one_row_length(tmp_path, capsys, one_torch_thread):
+    from lab.train import cpu_trial
+
+    assert cpu_trial.parse_kinds("mrcr=0.4,copy=0.6") == (("mrcr", 0.4), ("copy", 0.6))
+    with pytest.raises(SystemExit, match="KIND=WEIGHT"):
+        cpu_trial.parse_kinds("poems=1")
+    assert cpu_trial.main(["--kinds", "copy=1", "--row", "512", "--tokens-per-step", "1024", "--steps", "3",
+                           "--threads", "1", "--out", str(tmp_path)]) == 0
+    records = [json.loads(line) for line in (tmp_path / "train-log.jsonl").read_text().splitlines()]
+    assert records[0]["T"] == 512 and set(k for k in records[0] if k.startswith("loss_")) == {"loss_copy"}
+    _, meta = checkpoint.load_state(tmp_path)
+    assert meta["step"] == 3 and meta["config"] == "tiny"
+    assert "3 steps" in capsys.readouterr().out

@@ -1,0 +1,67 @@
+"""A short training trial on the CPU: does a config learn a skill from a data mix, and after how
+many tokens, before an H200 run is spent on the full recipe?
+
+    python3 -m lab.train.cpu_trial --config tiny --kinds copy=1 --row 512 --tokens-per-step 2048 \
+        --steps 2500 --lr 3e-3 --out /tmp/trial
+
+One row length (``--row``), the mix's kinds and loss shares (``--no-shares``: every graded token
+weighs 1, as runs 1 and 2 did), a constant learning rate after 50 warm-up steps (no schedule: a
+trial asks when a skill appears, not where a run ends). Prints train.py's log line every 10 steps
+(per-kind loss of the graded tokens) and writes ``train-log.jsonl`` and the state to ``--out``;
+``python3 -m lab.train.export OUT W.safetensors`` then ``lab.train.probe W.safetensors`` judges the
+generations of a `trained`-config trial. What the trials of session 23 showed is in docs/k3-mini.md
+("Copying appears after a few million tokens").
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def parse_kinds(text: str) -> tuple[tuple[str, float], ...]:
+    """``"copy=1"`` or ``"mrcr=0.4,aime=0.35,json=0.1,copy=0.15"`` as Mix.kinds."""
+    from lab.train.mix import KINDS
+
+    kinds = []
+    for part in text.split(","):
+        name, _, weight = part.partition("=")
+        if name not in KINDS or not weight:
+            raise SystemExit(f"cpu_trial: --kinds {text!r}: each part is KIND=WEIGHT with KIND one of {', '.join(KINDS)}")
+        kinds.append((name, float(weight)))
+    return tuple(kinds)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="tiny", help="tiny (~5k tokens/s on 2 cores) or trained (~1k tokens/s)")
+    ap.add_argument("--kinds", default="copy=1", help="KIND=WEIGHT,... (row kinds and their probabilities)")
+    ap.add_argument("--row", type=int, default=512, help="tokens a row")
+    ap.add_argument("--tokens-per-step", type=int, default=2048)
+    ap.add_argument("--steps", type=int, default=2500)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--no-shares", action="store_true", help="weigh every graded token 1 (no Mix.loss_shares)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    kinds = parse_kinds(args.kinds)
+
+    import torch
+
+    from lab.train.loop import TrainConfig, train
+    from lab.train.mix import Mix
+
+    torch.set_num_threads(args.threads)
+    mix = Mix(tokens_per_step=args.tokens_per_step, short_steps=0, lengths=((args.row, 1.0),), kinds=kinds,
+              **({"loss_shares": None} if args.no_shares else {}))
+    tc = TrainConfig(config=args.config, lr=args.lr, warmup_steps=50, min_lr_frac=1.0, total_train_s=1.0,
+                     save_every_s=600.0, mix=mix)
+    t0 = time.monotonic()
+    last = train(tc, device="cpu", out_dir=args.out, deadline=float("inf"), workers=1, compute_dtype=torch.float32,
+                 max_steps=args.steps, say=lambda s: print(s, flush=True))
+    print(f"cpu_trial: {last['step']} steps in {time.monotonic() - t0:.0f} s; state in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
