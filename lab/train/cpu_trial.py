@@ -6,7 +6,7 @@ many tokens, before an H200 run is spent on the full recipe?
 
 One row length (``--row``), the mix's kinds and loss shares (``--no-shares``: every graded token
 weighs 1, as runs 1 and 2 did), a constant learning rate after 50 warm-up steps (no schedule: a
-trial asks when a skill appears, not where a run ends). Prints train.py's log line every 10 steps
+trial asks when a skill appears, not where a run ends). Prints loop.py's log line every 10 steps
 (per-kind loss of the graded tokens) and writes ``train-log.jsonl`` and the state to ``--out``;
 ``python3 -m lab.train.export OUT W.safetensors`` then ``lab.train.probe W.safetensors`` judges the
 generations of a `trained`-config trial. What the trials of session 23 showed is in docs/k3-mini.md
@@ -26,9 +26,14 @@ def parse_kinds(text: str) -> tuple[tuple[str, float], ...]:
     kinds = []
     for part in text.split(","):
         name, _, weight = part.partition("=")
-        if name not in KINDS or not weight:
-            raise SystemExit(f"cpu_trial: --kinds {text!r}: each part is KIND=WEIGHT with KIND one of {', '.join(KINDS)}")
-        kinds.append((name, float(weight)))
+        try:
+            w = float(weight)
+        except ValueError:
+            w = -1.0
+        if name not in KINDS or w < 0:
+            raise SystemExit(f"cpu_trial: --kinds {text!r}: each part is KIND=WEIGHT, KIND one of "
+                             f"{', '.join(KINDS)} and WEIGHT a number >= 0")
+        kinds.append((name, w))
     return tuple(kinds)
 
 
