@@ -4,8 +4,8 @@ many tokens, before an H200 run is spent on the full recipe?
     python3 -m lab.train.cpu_trial --config tiny --kinds copy=1 --row 512 --tokens-per-step 2048 \
         --steps 2500 --lr 3e-3 --out /tmp/trial
 
-One row length (``--row``), the mix's kinds and loss shares (``--no-shares``: every graded token
-weighs 1, as runs 1 and 2 did), a constant learning rate after 50 warm-up steps (no schedule: a
+One row length (``--row``), the mix's kinds and loss shares (``--shares``: others than Mix's;
+``--no-shares``: every graded token weighs 1, as runs 1 and 2 did), a constant learning rate after 50 warm-up steps (no schedule: a
 trial asks when a skill appears, not where a run ends). Prints loop.py's log line every 10 steps
 (per-kind loss of the graded tokens) and writes ``train-log.jsonl`` and the state to ``--out``;
 ``python3 -m lab.train.export OUT W.safetensors`` then ``lab.train.probe W.safetensors`` judges the
@@ -20,7 +20,7 @@ import time
 
 
 def parse_kinds(text: str) -> tuple[tuple[str, float], ...]:
-    """``"copy=1"`` or ``"mrcr=0.4,aime=0.35,json=0.1,copy=0.15"`` as Mix.kinds."""
+    """``"copy=1"`` or ``"mrcr=0.4,aime=0.35,json=0.1,copy=0.15"`` as Mix.kinds (or loss_shares)."""
     from lab.train.mix import KINDS
 
     kinds = []
@@ -45,11 +45,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens-per-step", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=2500)
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--shares", default=None, help="KIND=SHARE,... of the graded loss (default: Mix.loss_shares)")
     ap.add_argument("--no-shares", action="store_true", help="weigh every graded token 1 (no Mix.loss_shares)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     kinds = parse_kinds(args.kinds)
+    shares = {}
+    if args.no_shares or args.shares:
+        shares = {"loss_shares": None if args.no_shares else parse_kinds(args.shares)}
 
     import torch
 
@@ -57,8 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     from lab.train.mix import Mix
 
     torch.set_num_threads(args.threads)
-    mix = Mix(tokens_per_step=args.tokens_per_step, short_steps=0, lengths=((args.row, 1.0),), kinds=kinds,
-              **({"loss_shares": None} if args.no_shares else {}))
+    mix = Mix(tokens_per_step=args.tokens_per_step, short_steps=0, lengths=((args.row, 1.0),), kinds=kinds, **shares)
     tc = TrainConfig(config=args.config, lr=args.lr, warmup_steps=50, min_lr_frac=1.0, total_train_s=1.0,
                      save_every_s=600.0, mix=mix)
     t0 = time.monotonic()
