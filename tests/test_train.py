@@ -19,7 +19,8 @@ from lab.train.trainable import TrainableK3
 from optimized_model.k3.config import get_config
 from optimized_model.k3.tokenizer import K3Tokenizer
 
-TINY_MIX = Mix(tokens_per_step=2048, lengths=((1024, 1.0),), kinds=(("mrcr", 0.5), ("json", 0.5)), short_steps=0)
+TINY_MIX = Mix(tokens_per_step=2048, lengths=((1024, 1.0),), kinds=(("mrcr", 0.5), ("json", 0.5)), short_steps=0,
+               copy_steps=0)
 
 
 def _tc(**kw):
@@ -99,7 +100,8 @@ def test_no_eval_document_is_a_training_document():
         assert {eval_tasks.document_hash(t, d) for t, ds in docs.items() for d in ds} <= held
     mix = Mix(tokens_per_step=65536)
     seen, kinds = set(), set()
-    for step in range(6):
+    # the copy-first steps, the curriculum's mix, the long table
+    for step in (0, 1, mix.copy_steps, mix.copy_steps + 1, mix.copy_steps + 2, mix.short_steps, mix.short_steps + 1):
         b = make_batch(mix, step, K3Tokenizer())
         seen |= set(b.hashes)
         kinds |= set(b.kinds)
@@ -112,7 +114,7 @@ def test_a_training_document_that_is_an_eval_document_is_dropped(monkeypatch, ki
     planted = eval_tasks.eval_documents("smoke")[task]
     monkeypatch.setattr(eval_tasks, "aime_row", lambda seed, steps: planted[seed % len(planted)])
     monkeypatch.setattr(eval_tasks, "mrcr_row", lambda seed, target, tok: planted[seed % len(planted)])
-    b = make_batch(Mix(tokens_per_step=8192, lengths=((4096, 1.0),), kinds=((kind, 1.0),), short_steps=0), 0,
+    b = make_batch(Mix(tokens_per_step=8192, lengths=((4096, 1.0),), kinds=((kind, 1.0),), short_steps=0, copy_steps=0), 0,
                    K3Tokenizer())
     assert b.hashes == [] and float(b.weights.sum()) == 0.0
 
@@ -121,7 +123,7 @@ def test_training_mrcr_rows_are_the_suites_and_their_lengths_span_1k_to_16k():
     tok = K3Tokenizer()
     lengths = []
     for step in range(40):
-        b = make_batch(Mix(tokens_per_step=16384, short_steps=0), step, tok)
+        b = make_batch(Mix(tokens_per_step=16384, short_steps=0, copy_steps=0), step, tok)
         rows = b.kind_ids[:, 0] == KINDS.index("mrcr")
         lengths += b.lengths[rows].tolist()
     assert min(lengths) < 1600 and max(lengths) > 14000 and max(lengths) <= 16384, (min(lengths), max(lengths))
@@ -214,7 +216,7 @@ def test_the_curriculum_starts_mrcr_on_short_rows_then_moves_to_the_long_table()
     """The first short_steps steps have rows of short_lengths, MRCR conversations of a few
     hundred tokens among them; later steps draw from lengths."""
     tok = K3Tokenizer()
-    mix = Mix(tokens_per_step=4096, short_steps=20, kinds=(("mrcr", 1.0),))
+    mix = Mix(tokens_per_step=4096, short_steps=20, copy_steps=0, kinds=(("mrcr", 1.0),))
     early = [make_batch(mix, step, tok) for step in range(12)]
     assert {b.tokens.shape[1] for b in early} <= {T for T, _ in mix.short_lengths}
     mrcr_rows = [int(n) for b in early for n in b.lengths[b.weights.sum(1) > 0]]
@@ -223,6 +225,19 @@ def test_the_curriculum_starts_mrcr_on_short_rows_then_moves_to_the_long_table()
     late = make_batch(dataclasses.replace(mix, tokens_per_step=65536), 20, tok)
     assert late.tokens.shape[1] in {T for T, _ in mix.lengths}
 
+
+
+def test_a_fresh_run_starts_with_copy_tasks_alone_then_the_mix():
+    tok = K3Tokenizer()
+    mix = Mix(tokens_per_step=8192, copy_steps=3)
+    for step in range(3):
+        b = make_batch(mix, step, tok)
+        assert set(b.kinds) == {"copy"} and b.tokens.shape[1] in {T for T, _ in mix.short_lengths}
+    later = [make_batch(mix, step, tok) for step in range(3, 6)]
+    assert {"mrcr", "aime"} <= set().union(*(b.kinds for b in later))
+    saved = TrainConfig().to_json()
+    del saved["mix"]["copy_steps"]
+    assert TrainConfig.from_json(saved).mix.copy_steps == 0 and Mix().copy_steps > 0
 
 
 def test_a_copy_task_asks_for_one_listed_text_by_its_heading():
@@ -282,7 +297,7 @@ def test_each_kind_carries_its_share_of_the_graded_loss():
     shares each kind present gets its part of the graded weight, whose total and the prompts'
     weights stay as they were."""
     tok = K3Tokenizer()
-    mix = Mix(tokens_per_step=65536, lengths=((4096, 1.0),), short_steps=0)
+    mix = Mix(tokens_per_step=65536, lengths=((4096, 1.0),), short_steps=0, copy_steps=0)
     shared, plain = make_batch(mix, 3, tok), make_batch(dataclasses.replace(mix, loss_shares=None), 3, tok)
     assert torch.equal(shared.tokens, plain.tokens) and torch.equal(shared.graded, plain.graded)
     assert torch.equal(shared.weights[~shared.graded], plain.weights[~plain.graded])

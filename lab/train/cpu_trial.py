@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     from lab.train.mix import Mix
 
     torch.set_num_threads(args.threads)
-    mix = Mix(tokens_per_step=args.tokens_per_step, short_steps=0, lengths=((args.row, 1.0),), kinds=kinds, **shares)
+    mix = Mix(tokens_per_step=args.tokens_per_step, short_steps=0, copy_steps=0, lengths=((args.row, 1.0),), kinds=kinds,
+              **shares)
     tc = TrainConfig(config=args.config, lr=args.lr, warmup_steps=50, min_lr_frac=1.0, total_train_s=1.0,
                      save_every_s=600.0, mix=mix)
     t0 = time.monotonic()

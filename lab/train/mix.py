@@ -3,7 +3,7 @@ sees exactly the batches the lost one would have, and nothing but seeds travels 
 
 A step has one row length T (drawn by their token shares from ``Mix.short_lengths`` for the
 first ``Mix.short_steps`` steps, then from ``Mix.lengths``) and
-``tokens_per_step // T`` rows. A row is one MRCR conversation of 60-95 % of T, or as many AIME /
+``tokens_per_step // T`` rows; the first ``Mix.copy_steps`` steps hold copy tasks alone. A row is one MRCR conversation of 60-95 % of T, or as many AIME /
 JSON / copy documents as fit (each starts with its own bos, as an eval prompt does; an AIME problem
 takes as many operations as the room left holds); the rest is padding. The MRCR and AIME
 documents are the evals suite's own, on training seeds, rendered as its adapter renders them
@@ -41,6 +41,10 @@ class Mix:
     lengths: tuple[tuple[int, float], ...] = ((2048, 0.25), (4096, 0.3), (8192, 0.3), (16384, 0.15))
     # the first short_steps steps draw their row lengths from short_lengths (the curriculum)
     short_steps: int = 1500
+    # and the first copy_steps of them hold copy tasks alone: on the tiny config copying appeared
+    # after ~4-5 M tokens of copy rows alone, and not within 7-8 M tokens of a mix, whatever copy's
+    # loss share (docs/k3-mini.md, the CPU trials), so the circuit is formed before the mix
+    copy_steps: int = 200
     short_lengths: tuple[tuple[int, float], ...] = ((512, 0.3), (1024, 0.4), (2048, 0.3))
     # row kinds and their probabilities
     # copy rows (copy_tasks.py) teach the copying MRCR grades, which MRCR rows alone did not
@@ -130,6 +134,11 @@ def lengths_at(mix: Mix, step: int) -> tuple[tuple[int, float], ...]:
     return mix.short_lengths if step < mix.short_steps else mix.lengths
 
 
+def kinds_at(mix: Mix, step: int) -> tuple[tuple[str, float], ...]:
+    """The row-kind table of ``step``: copy tasks alone for the first copy_steps."""
+    return (("copy", 1.0),) if step < mix.copy_steps else mix.kinds
+
+
 def make_batch(mix: Mix, step: int, tok=None) -> Batch:
     if tok is None:  # in a worker process
         from optimized_model.k3.tokenizer import K3Tokenizer
@@ -140,7 +149,7 @@ def make_batch(mix: Mix, step: int, tok=None) -> Batch:
     B = max(1, mix.tokens_per_step // T)
     rows, hashes, kinds = [], [], {}
     for r in range(B):
-        kind = _choice(rng, mix.kinds)
+        kind = _choice(rng, kinds_at(mix, step))
         row = _Row(T, kind)
         for attempt in range(64):
             doc = _document(kind, tok, _seed(mix, step, r, attempt), T - len(row.ids), mix.aime_style)

@@ -56,7 +56,7 @@ def _fit_tokens_per_step(mix, device: str, moe: str):
     longest = max(T for T, _ in mix.lengths)
     while mix.tokens_per_step > longest:
         m = TrainableK3.create(get_config("trained"), device=device, moe_backend=moe)
-        b = make_batch(dataclasses.replace(mix, lengths=((longest, 1.0),), short_steps=0), 0)
+        b = make_batch(dataclasses.replace(mix, lengths=((longest, 1.0),), short_steps=0, copy_steps=0), 0)
         try:
             loss, _ = m.loss(b.tokens, b.lengths, b.weights)
             loss.backward()
