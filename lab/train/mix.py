@@ -2,10 +2,11 @@
 sees exactly the batches the lost one would have, and nothing but seeds travels to the GPU.
 
 A step has one row length T (drawn by their token shares from ``Mix.short_lengths`` for the
-first ``Mix.short_steps`` steps, then from ``Mix.lengths``) and
-``tokens_per_step // T`` rows; the first ``Mix.copy_steps`` steps hold copy tasks alone. A row is one MRCR conversation of 60-95 % of T, or as many AIME /
-JSON / copy documents as fit (each starts with its own bos, as an eval prompt does; an AIME problem
-takes as many operations as the room left holds); the rest is padding. The MRCR and AIME
+first ``Mix.short_steps`` steps, then from ``Mix.lengths``) and ``tokens_per_step // T`` rows;
+the first ``Mix.copy_steps`` steps hold copy tasks alone. A row is one MRCR conversation of
+60-95 % of T, or as many AIME / JSON / copy documents as fit (each starts with its own bos, as
+an eval prompt does; an AIME problem takes as many operations as the room left holds); the rest
+is padding. The MRCR and AIME
 documents are the evals suite's own, on training seeds, rendered as its adapter renders them
 (eval_tasks). The short steps are a curriculum for MRCR: training run 2 held MRCR's loss flat at
 0.52-0.54 for 2,300 steps on rows of 2k-16k tokens, so retrieval is first learnt from
