@@ -5,8 +5,8 @@ many tokens, before an H200 run is spent on the full recipe?
         --steps 2500 --lr 3e-3 --out /tmp/trial
 
 One row length (``--row``), the mix's kinds and loss shares (``--shares``: others than Mix's;
-``--no-shares``: every graded token weighs 1, as runs 1 and 2 did), a constant learning rate after 50 warm-up steps (no schedule: a
-trial asks when a skill appears, not where a run ends). Prints loop.py's log line every 10 steps
+``--no-shares``: every graded token weighs 1, as runs 1 and 2 did), a constant learning rate
+after 50 warm-up steps (no schedule: a trial asks when a skill appears, not where a run ends). Prints loop.py's log line every 10 steps
 (per-kind loss of the graded tokens) and writes ``train-log.jsonl`` and the state to ``--out``;
 ``python3 -m lab.train.export OUT W.safetensors`` then ``lab.train.probe W.safetensors`` judges the
 generations of a `trained`-config trial. What the trials of session 23 showed is in docs/k3-mini.md
@@ -19,8 +19,9 @@ import argparse
 import time
 
 
-def parse_kinds(text: str) -> tuple[tuple[str, float], ...]:
-    """``"copy=1"`` or ``"mrcr=0.4,aime=0.35,json=0.1,copy=0.15"`` as Mix.kinds (or loss_shares)."""
+def parse_kinds(text: str, flag: str = "--kinds") -> tuple[tuple[str, float], ...]:
+    """``"copy=1"`` or ``"mrcr=0.4,aime=0.35,json=0.1,copy=0.15"`` as Mix.kinds (or loss_shares:
+    ``flag`` names the option in the error)."""
     from lab.train.mix import KINDS
 
     kinds = []
@@ -31,7 +32,7 @@ def parse_kinds(text: str) -> tuple[tuple[str, float], ...]:
         except ValueError:
             w = -1.0
         if name not in KINDS or w < 0:
-            raise SystemExit(f"cpu_trial: --kinds {text!r}: each part is KIND=WEIGHT, KIND one of "
+            raise SystemExit(f"cpu_trial: {flag} {text!r}: each part is KIND=WEIGHT, KIND one of "
                              f"{', '.join(KINDS)} and WEIGHT a number >= 0")
         kinds.append((name, w))
     return tuple(kinds)
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     kinds = parse_kinds(args.kinds)
     shares = {}
     if args.no_shares or args.shares:
-        shares = {"loss_shares": None if args.no_shares else parse_kinds(args.shares)}
+        shares = {"loss_shares": None if args.no_shares else parse_kinds(args.shares, "--shares")}
 
     import torch
 
@@ -61,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     from lab.train.mix import Mix
 
     torch.set_num_threads(args.threads)
-    mix = Mix(tokens_per_step=args.tokens_per_step, short_steps=0, copy_steps=0, lengths=((args.row, 1.0),), kinds=kinds,
-              **shares)
+    mix = Mix(tokens_per_step=args.tokens_per_step, short_steps=0, copy_steps=0, lengths=((args.row, 1.0),),
+              kinds=kinds, **shares)
     tc = TrainConfig(config=args.config, lr=args.lr, warmup_steps=50, min_lr_frac=1.0, total_train_s=1.0,
                      save_every_s=600.0, mix=mix)
     t0 = time.monotonic()

@@ -186,11 +186,11 @@ def _share_graded_weight(weights: torch.Tensor, graded: torch.Tensor, kind_ids: 
     """Rescale the graded tokens' weights in place so that kind k's sum is its share (renormalised
     over the kinds present) of the graded total, which stays the number of graded tokens: the
     prompts' weight relative to the answers is unchanged."""
-    counts = {k: int((graded & (kind_ids == i)).sum()) for i, k in enumerate(KINDS)}
+    masks = {k: graded & (kind_ids == i) for i, k in enumerate(KINDS)}
+    counts = {k: int(m.sum()) for k, m in masks.items()}
     present = {k: shares.get(k, 0.0) for k, n in counts.items() if n > 0}
     norm, total = sum(present.values()), sum(counts.values())
     if norm <= 0:
         return
-    for i, k in enumerate(KINDS):
-        if k in present:
-            weights[graded & (kind_ids == i)] = present[k] / norm * total / counts[k]
+    for k, share in present.items():
+        weights[masks[k]] = share / norm * total / counts[k]
