@@ -6,7 +6,9 @@ many tokens, before an H200 run is spent on the full recipe?
 
 One row length (``--row``), the mix's kinds and loss shares (``--shares``: others than Mix's;
 ``--no-shares``: every graded token weighs 1, as runs 1 and 2 did), a constant learning rate
-after 50 warm-up steps (no schedule: a trial asks when a skill appears, not where a run ends). Prints loop.py's log line every 10 steps
+after 50 warm-up steps (no schedule: a trial asks when a skill appears, not where a run ends);
+``--copy-steps N`` starts with N steps of copy tasks alone, as a run starts. Prints loop.py's log
+line every 10 steps
 (per-kind loss of the graded tokens) and writes ``train-log.jsonl`` and the state to ``--out``;
 ``python3 -m lab.train.export OUT W.safetensors`` then ``lab.train.probe W.safetensors`` judges the
 generations of a `trained`-config trial. What the trials of session 23 showed is in docs/k3-mini.md
@@ -45,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--row", type=int, default=512, help="tokens a row")
     ap.add_argument("--tokens-per-step", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=2500)
+    ap.add_argument("--copy-steps", type=int, default=0,
+                    help="steps of copy tasks alone before --kinds (as Mix.copy_steps starts a run)")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--shares", default=None, help="KIND=SHARE,... of the graded loss (default: Mix.loss_shares)")
     ap.add_argument("--no-shares", action="store_true", help="weigh every graded token 1 (no Mix.loss_shares)")
@@ -62,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     from lab.train.mix import Mix
 
     torch.set_num_threads(args.threads)
-    mix = Mix(tokens_per_step=args.tokens_per_step, short_steps=0, copy_steps=0, lengths=((args.row, 1.0),),
+    mix = Mix(tokens_per_step=args.tokens_per_step, short_steps=0, copy_steps=args.copy_steps, lengths=((args.row, 1.0),),
               kinds=kinds, **shares)
     tc = TrainConfig(config=args.config, lr=args.lr, warmup_steps=50, min_lr_frac=1.0, total_train_s=1.0,
                      save_every_s=600.0, mix=mix)
