@@ -123,7 +123,7 @@ def probe(model, tok, n: int, aime_style: str, mrcr_tokens=(400, 2000), aime_ste
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("weights", help="a safetensors file of the trained config (lab.train.export writes one)")
+    ap.add_argument("weights", help="a safetensors file lab.train.export wrote (or the committed checkpoint)")
     ap.add_argument("--n", type=int, default=8, help="documents per task")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default=None, help="write the summary here as JSON")
@@ -137,13 +137,15 @@ def main(argv: list[str] | None = None) -> int:
 
     with open(args.weights, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
-    engine = EmbeddedEngine(config="trained", device=args.device, dtype="float32" if args.device == "cpu" else None,
+    # the config and the style the weights learnt: lab.train.export records both (a CPU trial's may be
+    # tiny); the committed checkpoint's are the trained config and aime's default
+    with safe_open(args.weights, "pt") as f:
+        meta = f.metadata() or {}
+    style = meta.get("aime_style", aime.SOLUTION_STYLE)
+    engine = EmbeddedEngine(config=meta.get("config", "trained"), device=args.device, dtype="float32" if args.device == "cpu" else None,
                             weights=args.weights, weights_sha256=digest, threads=2 if args.device == "cpu" else None,
                             standard_compile="off")  # no Inductor compile inside a training command's minute
     model = engine.load("standard")
-    # the style the weights learnt: lab.train.export records it; the committed checkpoint's is aime's default
-    with safe_open(args.weights, "pt") as f:
-        style = (f.metadata() or {}).get("aime_style", aime.SOLUTION_STYLE)
     t0 = time.monotonic()
     summary = probe(model, model.tokenizer, args.n, style, aime_steps=args.aime_steps,
                     say=lambda s: print(s, flush=True))
