@@ -25,6 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from fastpath.engine import create_engine
 from fastpath.measure import parse_patch, patched
+from lab.sweep_util import allow_verify_rows
 from optimized_model.k3.fast import dispatch, tuning
 
 
@@ -84,7 +85,7 @@ def main() -> None:
     args = ap.parse_args()
     patch = parse_patch(args.patch, "--patch")
     if args.max_verify_rows:
-        dispatch.scope()["max_verify_rows"] = args.max_verify_rows  # the cached scope, this process only
+        allow_verify_rows(args.max_verify_rows)
     table = tuning.table_for("cuda")
     engine = create_engine("embedded", config="mini", device="cuda", dtype="bfloat16")
     model = engine.load(args.path, additional_config=dispatch.switch_config())

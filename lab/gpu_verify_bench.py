@@ -32,14 +32,18 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--config", default="mini")
     ap.add_argument("--device", default="cuda", help="cpu: a check of the script on the tiny config")
-    ap.add_argument("--compile", default="default", help="the compiled standard step's mode (off: none)")
+    ap.add_argument("--compile", default=None,
+                    help="the compiled standard step's mode (off: none; default: 'default' on cuda, off on cpu, "
+                         "where Inductor cannot trace the MoE's bf16-only grouped matmul in fp32)")
     ap.add_argument("--max-verify-rows", type=int, default=0,
                     help="time fast verify steps past the spec's max_verify_rows (the buffers cover 64)")
     a = ap.parse_args()
+    if a.compile is None:
+        a.compile = "default" if a.device == "cuda" else "off"
     if a.max_verify_rows:
-        from optimized_model.k3.fast import dispatch
+        from lab.sweep_util import allow_verify_rows
 
-        dispatch.scope()["max_verify_rows"] = a.max_verify_rows  # the cached scope, this process only
+        allow_verify_rows(a.max_verify_rows)
     t0 = time.monotonic()
     dtype = "bfloat16" if a.device == "cuda" else "float32"
     engine = create_engine("embedded", config=a.config, device=a.device, dtype=dtype,

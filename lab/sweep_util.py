@@ -1,5 +1,5 @@
-"""Helpers the lab tools share beyond fastpath.measure: loading a copy of a kernel module, and
-the teacher-forced decoding and logit comparison of gpu_oracle_ab.py and gpu_parity_noise.py."""
+"""Helpers the lab tools share beyond fastpath.measure: loading a copy of a kernel module, a
+verify-row scope past the spec's, and the teacher-forced decoding and logit comparison of gpu_oracle_ab.py and gpu_parity_noise.py."""
 
 from __future__ import annotations
 
@@ -16,6 +16,15 @@ def load_module(path: str, name: str) -> ModuleType:
     sys.modules[name] = mod  # registered first, as an import would (dataclasses look it up)
     spec.loader.exec_module(mod)
     return mod
+
+
+def allow_verify_rows(rows: int) -> None:
+    """Lets this process build fast verify steps of up to ``rows`` rows (batch x (draft + 1)),
+    past the spec's max_verify_rows (the fast path's buffers cover 64): a lab tool's measuring
+    outside the declared scope. Changes the cached scope only, never the spec."""
+    from optimized_model.k3.fast import dispatch
+
+    dispatch.scope()["max_verify_rows"] = rows
 
 
 def max_finite_diff(a, b) -> float:
