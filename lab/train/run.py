@@ -94,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=None, help="data processes (default: cores - 2)")
     ap.add_argument("--save-every", type=float, default=150.0)
     ap.add_argument("--moe-backend", choices=("grouped", "loop", "auto"), default="auto")
+    ap.add_argument("--autotune", default=None,
+                    help="an autotune.tar.gz to restore before the first step (default: the --resume folder's); "
+                         "a fresh run on a fresh machine otherwise autotunes fla's kernels afresh")
     args = ap.parse_args(argv)
     autotune_cache.enable()  # before torch/triton are imported
 
@@ -108,12 +111,18 @@ def main(argv: list[str] | None = None) -> int:
     tc = TrainConfig(config=args.config, total_train_s=args.total_train_s, save_every_s=args.save_every, mix=mix)
     if args.lr is not None:
         tc.lr = args.lr
-    if device == "cuda" and args.resume:
-        _carry_autotuning(lambda: autotune_cache.unpack(Path(args.resume) / autotune_cache.ARCHIVE,
-                                                        autotune_cache.cache_dir()), "restored")
+    archive = args.autotune or (Path(args.resume) / autotune_cache.ARCHIVE if args.resume else None)
+    if device == "cuda" and archive:
+        _carry_autotuning(lambda: autotune_cache.unpack(Path(archive), autotune_cache.cache_dir()), "restored")
+    # each set-up piece is timed: on a fresh machine they compile fla's kernels, and a fresh run
+    # on the H100 spent 284 s of its 300 before the first step (docs/k3-mini.md)
+    t = time.monotonic()
     moe = _moe_backend_probe(device) if args.moe_backend == "auto" else args.moe_backend
+    print(f"set-up: moe backend {moe} ({time.monotonic() - t:.0f} s)", flush=True)
     if not args.resume:
+        t = time.monotonic()
         tc.mix = _fit_tokens_per_step(tc.mix, device, moe)
+        print(f"set-up: memory probe {time.monotonic() - t:.0f} s", flush=True)
     workers = args.workers if args.workers is not None else max(1, (os.cpu_count() or 4) - 2)
     deadline = START + args.budget
     print(f"train: device {device}, moe {moe}, workers {workers}, {deadline - time.monotonic():.0f} s left, "
