@@ -1,5 +1,6 @@
 """Helpers the lab tools share beyond fastpath.measure: loading a copy of a kernel module, a
-verify-row scope past the spec's, and the teacher-forced decoding and logit comparison of gpu_oracle_ab.py and gpu_parity_noise.py."""
+verify-row scope past the spec's, and the teacher-forced decoding and logit comparison of
+gpu_oracle_ab.py and gpu_parity_noise.py."""
 
 from __future__ import annotations
 

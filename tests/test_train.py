@@ -345,7 +345,8 @@ def test_a_cpu_trial_trains_the_named_kinds_on_one_row_length(tmp_path, capsys, 
     with pytest.raises(SystemExit, match="--shares 'copy=-1'"):
         cpu_trial.parse_kinds("copy=-1", "--shares")
     assert cpu_trial.main(["--kinds", "copy=1", "--shares", "copy=1,mrcr=0.5", "--row", "512",
-                           "--tokens-per-step", "1024", "--steps", "3", "--copy-steps", "2", "--threads", "1", "--out", str(tmp_path)]) == 0
+                           "--tokens-per-step", "1024", "--steps", "3", "--copy-steps", "2", "--threads", "1",
+                           "--out", str(tmp_path)]) == 0
     records = [json.loads(line) for line in (tmp_path / "train-log.jsonl").read_text().splitlines()]
     assert records[0]["T"] == 512 and set(k for k in records[0] if k.startswith("loss_")) == {"loss_copy"}
     _, meta = checkpoint.load_state(tmp_path)

@@ -8,11 +8,10 @@ One row length (``--row``), the mix's kinds and loss shares (``--shares``: other
 ``--no-shares``: every graded token weighs 1, as runs 1 and 2 did), a constant learning rate
 after 50 warm-up steps (no schedule: a trial asks when a skill appears, not where a run ends);
 ``--copy-steps N`` starts with N steps of copy tasks alone, as a run starts. Prints loop.py's log
-line every 10 steps
-(per-kind loss of the graded tokens) and writes ``train-log.jsonl`` and the state to ``--out``;
-``python3 -m lab.train.export OUT W.safetensors`` then ``lab.train.probe W.safetensors`` judges the
-generations of a `trained`-config trial. What the trials of session 23 showed is in docs/k3-mini.md
-("Copying appears after a few million tokens").
+line every 10 steps (per-kind loss of the graded tokens) and writes ``train-log.jsonl`` and the
+state to ``--out``; ``python3 -m lab.train.export OUT W.safetensors`` then ``lab.train.probe
+W.safetensors`` judges the trial's generations. What the trials of sessions 23-24 showed is in
+docs/k3-mini.md ("Copying appears after a few million tokens").
 """
 
 from __future__ import annotations
@@ -66,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     from lab.train.mix import Mix
 
     torch.set_num_threads(args.threads)
-    mix = Mix(tokens_per_step=args.tokens_per_step, short_steps=0, copy_steps=args.copy_steps, lengths=((args.row, 1.0),),
-              kinds=kinds, **shares)
+    mix = Mix(tokens_per_step=args.tokens_per_step, short_steps=0, copy_steps=args.copy_steps,
+              lengths=((args.row, 1.0),), kinds=kinds, **shares)
     tc = TrainConfig(config=args.config, lr=args.lr, warmup_steps=50, min_lr_frac=1.0, total_train_s=1.0,
                      save_every_s=600.0, mix=mix)
     t0 = time.monotonic()

@@ -142,8 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     with safe_open(args.weights, "pt") as f:
         meta = f.metadata() or {}
     style = meta.get("aime_style", aime.SOLUTION_STYLE)
-    engine = EmbeddedEngine(config=meta.get("config", "trained"), device=args.device, dtype="float32" if args.device == "cpu" else None,
-                            weights=args.weights, weights_sha256=digest, threads=2 if args.device == "cpu" else None,
+    engine = EmbeddedEngine(config=meta.get("config", "trained"), device=args.device,
+                            dtype="float32" if args.device == "cpu" else None, weights=args.weights,
+                            weights_sha256=digest, threads=2 if args.device == "cpu" else None,
                             standard_compile="off")  # no Inductor compile inside a training command's minute
     model = engine.load("standard")
     t0 = time.monotonic()
