@@ -6,12 +6,12 @@ first ``Mix.short_steps`` steps, then from ``Mix.lengths``) and ``tokens_per_ste
 the first ``Mix.copy_steps`` steps hold copy tasks alone. A row is one MRCR conversation of
 60-95 % of T, or as many AIME / JSON / copy documents as fit (each starts with its own bos, as
 an eval prompt does; an AIME problem takes as many operations as the room left holds); the rest
-is padding. The MRCR and AIME
-documents are the evals suite's own, on training seeds, rendered as its adapter renders them
-(eval_tasks). The short steps are a curriculum for MRCR: training run 2 held MRCR's loss flat at
-0.52-0.54 for 2,300 steps on rows of 2k-16k tokens, so retrieval is first learnt from
-conversations of a few hundred tokens and two to four needles (``MRCR_MIN_PROMPT_TOKENS``: the
-smallest the suite's generator makes is ~280 tokens of prompt, ~60 of answer).
+is padding. The MRCR and AIME documents are the evals suite's own, on training seeds, rendered as
+its adapter renders them (eval_tasks). The short steps are a curriculum for MRCR: training run 2
+held MRCR's loss flat at 0.52-0.54 for 2,300 steps on rows of 2k-16k tokens, so retrieval is
+first learnt from conversations of a few hundred tokens and two to four needles
+(``MRCR_MIN_PROMPT_TOKENS``: the smallest the suite's generator makes is ~280 tokens of prompt,
+~60 of answer).
 Loss weights per target token: ``context_weight`` on the prompts (a small language-model signal
 that keeps the next-token distributions over prompts confident, which parity measures), 0 on
 padding, and on what the evals grade (the MRCR answer, the AIME solution, the JSON answer, the
