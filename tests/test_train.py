@@ -13,7 +13,7 @@ import torch
 
 from fastpath.evals import aime, mrcr
 from lab.train import checkpoint, copy_tasks, eval_tasks, json_tasks, probe
-from lab.train.loop import TrainConfig, make_optimizer, train
+from lab.train.loop import TrainConfig, _Batches, make_optimizer, train
 from lab.train.mix import KINDS, Mix, make_batch
 from lab.train.trainable import TrainableK3
 from optimized_model.k3.config import get_config
@@ -238,6 +238,35 @@ def test_a_fresh_run_starts_with_copy_tasks_alone_then_the_mix():
     saved = TrainConfig().to_json()
     del saved["mix"]["copy_steps"]
     assert TrainConfig.from_json(saved).mix.copy_steps == 0 and Mix().copy_steps > 0
+
+
+class _StuckPool:
+    """A worker pool whose results never come and which cannot terminate (run 3's, at its end)."""
+
+    class _Pending:
+        def get(self, timeout=None):
+            import multiprocessing
+
+            raise multiprocessing.TimeoutError()
+
+    def apply_async(self, fn, args):
+        return self._Pending()
+
+    def terminate(self):
+        raise AssertionError("Cannot have cache with result_handler not alive")
+
+
+def test_batches_go_on_inline_and_the_same_when_the_worker_pool_stops_answering():
+    said = []
+    batches = _Batches(TINY_MIX, 5, workers=0, wait_s=0.01, say=said.append)
+    batches.pool = _StuckPool()
+    batches._submit()
+    got = [batches.next() for _ in range(2)]
+    want = [make_batch(TINY_MIX, step, K3Tokenizer()) for step in (5, 6)]
+    assert all(torch.equal(g.tokens, w.tokens) and torch.equal(g.weights, w.weights) for g, w in zip(got, want))
+    assert batches.pool is None and any("failed at step 5" in s for s in said)
+    assert any("did not stop cleanly" in s for s in said)
+    batches.close()  # a second close is a no-op
 
 
 def test_a_copy_task_asks_for_one_listed_text_by_its_heading():

@@ -73,12 +73,18 @@ def make_optimizer(model: TrainableK3, tc: TrainConfig) -> torch.optim.AdamW:
 
 
 class _Batches:
-    """Batches of the coming steps, made ahead by a pool of processes (or inline: workers=0)."""
+    """Batches of the coming steps, made ahead by a pool of processes (or inline: workers=0).
 
-    def __init__(self, mix: Mix, start: int, workers: int, ahead: int = 8):
+    A batch is a pure function of (mix, step), so when the pool stops answering (run 3's pool lost
+    its result thread near the end and then failed to terminate) the rest are made inline, the same
+    batches, only slower."""
+
+    def __init__(self, mix: Mix, start: int, workers: int, ahead: int = 8, wait_s: float = 120.0,
+                 say: Callable[[str], None] = print):
         from optimized_model.k3.tokenizer import K3Tokenizer
 
         self.mix, self.next_step, self.tok = mix, start, K3Tokenizer()
+        self.wait_s, self.say = wait_s, say
         self.pool = None
         self.queue: deque = deque()
         if workers > 0:
@@ -93,17 +99,29 @@ class _Batches:
 
     def next(self):
         step = self.next_step
-        if self.pool is None:
+        batch = None
+        if self.pool is not None:
+            try:
+                batch = self.queue.popleft().get(timeout=self.wait_s)
+                self._submit()
+            except Exception as exc:  # a timeout or a worker's error: the pool is not trusted again
+                self.say(f"data workers failed at step {step} ({type(exc).__name__}: {str(exc)[:200]}); "
+                         "making the remaining batches inline")
+                self.close()
+        if batch is None:
             batch = make_batch(self.mix, step, self.tok)
-        else:
-            batch = self.queue.popleft().get()
-            self._submit()
         self.next_step += 1
         return batch
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.pool.terminate()
+        """Stop the workers; a pool that cannot stop cleanly is only reported (the state is saved first)."""
+        pool, self.pool = self.pool, None
+        self.queue.clear()
+        if pool is not None:
+            try:
+                pool.terminate()
+            except Exception as exc:
+                self.say(f"note: the data workers did not stop cleanly ({type(exc).__name__}: {str(exc)[:200]})")
 
 
 def train(tc: TrainConfig, *, device: str, out_dir: str | Path, deadline: float, resume: str | Path | None = None,
@@ -131,7 +149,7 @@ def train(tc: TrainConfig, *, device: str, out_dir: str | Path, deadline: float,
     out_dir.mkdir(parents=True, exist_ok=True)
     log = open(out_dir / LOG_NAME, "a")
     run = {"start_step": step, "device": device, "started": time.time()}
-    batches = _Batches(tc.mix, step, workers)
+    batches = _Batches(tc.mix, step, workers, say=say)
     last_save = time.monotonic()
     step_s: deque = deque(maxlen=20)
     acc = {"loss": 0.0, "n": 0, "kinds": torch.zeros(len(KINDS), 2, dtype=torch.float64), "tokens": 0,
@@ -189,9 +207,11 @@ def train(tc: TrainConfig, *, device: str, out_dir: str | Path, deadline: float,
             if time.monotonic() - last_save > tc.save_every_s:
                 save(final=False)
                 last_save = time.monotonic()
+        # saved before the workers stop: run 3's pool failed to terminate after its last step and,
+        # the final save then coming after it, the run kept only its last periodic save (527 steps)
+        save(final=True)
     finally:
         batches.close()
         log.close()
-    save(final=True)
     say(f"saved state at step {step} ({trained_s:.0f} s trained) to {out_dir}")
     return {**record, "step": step, "trained_s": trained_s}
