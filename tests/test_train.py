@@ -71,6 +71,24 @@ def test_resume_continues_exactly(tmp_path, one_torch_thread):
     assert [r["end_step"] for r in meta_b["runs"]] == [2, 3]
 
 
+def test_a_resumed_run_changes_its_aime_style_from_its_step_on_and_keeps_the_change(tmp_path, one_torch_thread):
+    aime_mix = dataclasses.replace(TINY_MIX, lengths=((2048, 1.0),), kinds=(("aime", 1.0),), aime_style="columns")
+    said = []
+
+    def run(out, steps, **kw):
+        return train(_tc(mix=aime_mix), device="cpu", out_dir=out, deadline=time.monotonic() + 600,
+                     compute_dtype=torch.float32, moe_backend="loop", max_steps=steps, say=said.append, **kw)
+
+    run(tmp_path / "first", 1)
+    run(tmp_path / "second", 2, resume=tmp_path / "first", mix_changes={"aime_style": "listed"})
+    _, meta = checkpoint.load_state(tmp_path / "second")
+    assert TrainConfig.from_json(meta["train_config"]).mix.aime_style == "listed"
+    assert [r.get("mix_changes") for r in meta["runs"]] == [None, {"aime_style": "listed"}]
+    assert any('from step 1 on: {"aime_style": "listed"}' in s for s in said)
+    later = make_batch(dataclasses.replace(aime_mix, aime_style="listed"), 1, K3Tokenizer())
+    assert "The operations:" in K3Tokenizer().decode(later.tokens[0].tolist())
+
+
 def test_the_trained_state_fits_what_a_gpu_run_returns(tmp_path):
     m = TrainableK3.create(get_config("trained"), device="cpu", compute_dtype=torch.float32, moe_backend="loop")
     opt = make_optimizer(m, _tc())
@@ -138,7 +156,7 @@ def test_training_aime_problems_are_the_suites_with_solutions_of_hundreds_to_tho
     tok = K3Tokenizer()
     short = eval_tasks.aime_row(eval_tasks.TRAIN_SEED_BASE, eval_tasks.AIME_STEPS[0])
     long = eval_tasks.aime_row(eval_tasks.TRAIN_SEED_BASE, eval_tasks.AIME_STEPS[1])
-    for style in aime.STYLES:
+    for style in eval_tasks.STYLES:
         for row in (short, long) + tuple(eval_tasks.aime_row(eval_tasks.TRAIN_SEED_BASE + i, 24) for i in range(20)):
             prompt, target = eval_tasks.render_aime(tok, row, style)
             assert tok.decode(target).endswith(f"\\boxed{{{row['answer']}}}.")
@@ -353,14 +371,40 @@ def test_a_state_saved_before_the_shares_resumes_weighing_each_graded_token_one(
 
 def test_the_probes_aime_size_per_style_matches_the_eval_tasks_length():
     # the full tier's aime25 asks for ~1,050-token worked solutions (24 steps of "lines"); the
-    # probe judges a checkpoint of either style at that length
-    from fastpath.evals import aime
-    from optimized_model.k3.tokenizer import K3Tokenizer
-
+    # probe judges a checkpoint of any style at about that length ("listed" adds its listing to
+    # the operations "columns" fetches)
     tok = K3Tokenizer()
+    assert set(probe.AIME_PROBE_STEPS) == set(eval_tasks.STYLES)
     for style, steps in probe.AIME_PROBE_STEPS.items():
-        lengths = [len(tok.encode(aime.solution(aime.generate(s, 1, steps)[0], style))) for s in range(10)]
-        assert 900 <= sum(lengths) / len(lengths) <= 1200, (style, lengths)
+        lengths = [len(tok.encode(eval_tasks.solution(aime.generate(s, 1, steps)[0], style))) for s in range(10)]
+        assert 900 <= sum(lengths) / len(lengths) <= 1250, (style, lengths)
+    assert probe.AIME_PROBE_STEPS["listed"] == probe.AIME_PROBE_STEPS["columns"]
+
+
+def test_the_listed_style_numbers_the_operations_then_works_them_in_columns():
+    tok = K3Tokenizer()
+    row = aime.generate(7, 1, 12)[0]
+    ops = row["problem"].split(": ", 1)[1].removesuffix(". What is the final value of x?").split("; ")
+    lines = eval_tasks.solution(row, "listed").splitlines()
+    assert lines[0] == "The operations:" and lines[1:13] == [f"{i}. {op}" for i, op in enumerate(ops, 1)]
+    assert "\n".join(lines[13:]) == aime.solution(row, "columns")
+    prompt, target = eval_tasks.render_aime(tok, row, "listed")
+    assert prompt == eval_tasks.render_aime(tok, row, "columns")[0]
+    assert target[:-2] == tok.encode(eval_tasks.solution(row, "listed"), bos=False)
+    assert target[-2:] == [tok.end_turn_id, tok.eos_id]
+    want = eval_tasks.solution(row, "listed")
+    skipped = want.replace(f"\n3. {ops[2]}\n", "\n")  # a listing that lost its place
+    assert probe.first_wrong_line(skipped, want) == (3, "listing")
+
+
+def test_the_probe_counts_the_operations_each_step_names_in_its_place():
+    row = aime.generate(3, 1, 4)[0]
+    right = aime.solution(row, "columns")
+    assert probe.operations_in_place(right, row["problem"]) == 1.0
+    heads = [l for l in right.splitlines() if l.startswith("Step ")]
+    repeated = "\n".join(heads[:2] + [heads[1].replace("Step 2", "Step 3")] + heads[3:])  # step 3 repeats step 2's
+    want = 0.75 if heads[1].split(", ", 1)[1] != heads[2].split(", ", 1)[1] else 1.0
+    assert probe.operations_in_place(repeated, row["problem"]) == want
 
 
 def test_a_cpu_trial_trains_the_named_kinds_on_one_row_length(tmp_path, capsys, one_torch_thread):

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from functools import lru_cache
 from pathlib import Path
 
-from fastpath.evals import aime, documents, mrcr
-from fastpath.evals.sequences import AIME_DOC_TO_TEXT, count_tokens, render_aime, render_mrcr  # noqa: F401
+from fastpath.evals import aime, documents, mrcr, sequences
+from fastpath.evals.sequences import AIME_DOC_TO_TEXT, count_tokens, render_mrcr  # noqa: F401
 
 SPEC = Path(__file__).resolve().parents[2] / "optimized_model" / "k3" / "fastpath.toml"
 TIERS = ("smoke", "full")
@@ -34,7 +35,37 @@ TRAIN_SEED_BASE = 1 << 40
 AIME_STEPS = (3, 48)
 # upper bounds: problem + solution per step (by solution style; 203 is the longest "columns" step
 # over every value and operand), and the rest
-AIME_STEP_TOKENS, AIME_BASE_TOKENS = {"lines": 60, "columns": 205}, 260
+AIME_STEP_TOKENS, AIME_BASE_TOKENS = {"lines": 60, "columns": 205, "listed": 225}, 260
+
+# A solution style on trial here before the harness has it: "listed" is "columns" after the
+# problem's operations copied one per line and numbered ("The operations:", "1. add 539", ...).
+# Run 3's checkpoint got every digit of its work right and lost its place in the problem's list
+# (skipped, repeated operations: docs/k3-mini.md); numbered, step k finds its operation by the
+# number k instead of by counting semicolons. Adopting a checkpoint trained on it moves it into
+# fastpath.evals.aime, whose worked solutions parity scores.
+LISTED = "listed"
+STYLES = (*aime.STYLES, LISTED)
+_LISTED_OP = re.compile(r"(add|subtract|multiply by) (\d+)")
+
+
+def _listing(row: dict) -> str:
+    """The "listed" style's first lines: the problem's operations, numbered, one per line."""
+    ops = _LISTED_OP.findall(row["problem"].split(": ", 1)[1])
+    return "The operations:\n" + "".join(f"{i}. {op} {k}\n" for i, (op, k) in enumerate(ops, 1))
+
+
+def solution(row: dict, style: str = aime.SOLUTION_STYLE) -> str:
+    """``aime.solution`` in any of ``STYLES``."""
+    return _listing(row) + aime.solution(row, "columns") if style == LISTED else aime.solution(row, style)
+
+
+def render_aime(tok, row: dict, style: str = aime.SOLUTION_STYLE) -> tuple[list[int], list[int]]:
+    """``sequences.render_aime`` in any of ``STYLES`` (the byte tokenizer's ids of the listing, then
+    the columns solution's)."""
+    if style != LISTED:
+        return sequences.render_aime(tok, row, style)
+    prompt, target = sequences.render_aime(tok, row, "columns")
+    return prompt, tok.encode(_listing(row), bos=False) + target
 
 
 def content_hash(text: str) -> str:

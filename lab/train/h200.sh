@@ -2,6 +2,7 @@
 # One training run of the `trained` config on the H200, inside one 10-minute command:
 #   bash lab/train/h200.sh                 # the first run (fresh weights)
 #   bash lab/train/h200.sh .train/run1     # a later run, from the state the previous one returned
+#   bash lab/train/h200.sh .train/run3 --aime-style listed   # further arguments go to lab.train.run
 # Carry `.whl` (fla-core 0.6.0, for chunk_kda's forward and backward) and, for a later run, the
 # folder holding the previous run's state-*.safetensors and train-log.jsonl (e.g. `.train`).
 # $OUT gets state-00..03.safetensors (53 MiB), train-log.jsonl, autotune.tar.gz, probe.json and
@@ -10,6 +11,7 @@
 # then the probe (lab/train/probe.py) says what the weights can do on the tasks, not only the loss.
 set -u
 resume=${1:-}
+shift || true
 exec bash lab/gpu_steps.sh \
-  "train:505:python3 -m lab.train.run --budget 490 --total-train-s 900 --out \$OUT${resume:+ --resume $resume}" \
+  "train:505:python3 -m lab.train.run --budget 490 --total-train-s 900 --out \$OUT${resume:+ --resume $resume}${*:+ $*}" \
   "probe:75:python3 -m lab.train.export \$OUT /tmp/probe.safetensors && python3 -m lab.train.probe /tmp/probe.safetensors --device cuda --out \$OUT/probe.json"

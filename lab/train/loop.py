@@ -7,6 +7,7 @@ stops itself before ``deadline`` with its state saved (checkpoint.py), and saves
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -126,8 +127,11 @@ class _Batches:
 
 def train(tc: TrainConfig, *, device: str, out_dir: str | Path, deadline: float, resume: str | Path | None = None,
           workers: int = 0, compute_dtype=torch.bfloat16, kda_backend: str | None = None,
-          moe_backend: str | None = None, say: Callable[[str], None] = print, max_steps: int | None = None) -> dict:
-    """Train until ``deadline`` (time.monotonic()) or step ``max_steps``; returns the last log record."""
+          moe_backend: str | None = None, say: Callable[[str], None] = print, max_steps: int | None = None,
+          mix_changes: dict | None = None) -> dict:
+    """Train until ``deadline`` (time.monotonic()) or step ``max_steps``; returns the last log record.
+    ``mix_changes`` (e.g. ``{"aime_style": "listed"}``) change a resumed run's data from its step on;
+    the state and the run's record keep them."""
     out_dir = Path(out_dir)
     cfg = get_config(tc.config)
     model = TrainableK3.create(cfg, device=device, compute_dtype=compute_dtype, seed=tc.init_seed,
@@ -146,9 +150,12 @@ def train(tc: TrainConfig, *, device: str, out_dir: str | Path, deadline: float,
             out_dir.mkdir(parents=True, exist_ok=True)
             (out_dir / LOG_NAME).write_text(prev_log.read_text())
         say(f"resumed at step {step} after {trained_s:.0f} s of training")
+    if mix_changes:
+        tc = dataclasses.replace(tc, mix=dataclasses.replace(tc.mix, **mix_changes))
+        say(f"note: the data changes from step {step} on: {json.dumps(mix_changes)}")
     out_dir.mkdir(parents=True, exist_ok=True)
     log = open(out_dir / LOG_NAME, "a")
-    run = {"start_step": step, "device": device, "started": time.time()}
+    run = {"start_step": step, "device": device, "started": time.time(), **({"mix_changes": mix_changes} if mix_changes else {})}
     batches = _Batches(tc.mix, step, workers, say=say)
     last_save = time.monotonic()
     step_s: deque = deque(maxlen=20)

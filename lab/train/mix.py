@@ -51,8 +51,9 @@ class Mix:
     # copy rows (copy_tasks.py) teach the copying MRCR grades, which MRCR rows alone did not
     kinds: tuple[tuple[str, float], ...] = (("mrcr", 0.4), ("aime", 0.35), ("json", 0.1), ("copy", 0.15))
     context_weight: float = 0.1
-    # the worked solutions' style (fastpath.evals.aime.STYLES): the first checkpoint, trained on
-    # "lines", got whole products wrong; "columns" works them digit by digit
+    # the worked solutions' style (eval_tasks.STYLES): the first checkpoint, trained on "lines",
+    # got whole products wrong; "columns" works them digit by digit; "listed" numbers the
+    # operations first (run 3 lost its place in the problem's list)
     aime_style: str = "columns"
     # each kind's share of the graded tokens' loss weight in a step (renormalised over the kinds
     # the step holds); None weighs every graded token 1, as runs 1 and 2 did

@@ -7,7 +7,8 @@ Greedy generations of the standard path on documents no training step or eval dr
   heading are the requested message's (copying) against the most common word (the first
   checkpoint's failure: one word repeated);
 * AIME-format problems: exact match, the first wrong line of the worked solution and what made
-  it wrong (the carried value, the operation read from the problem, or the arithmetic);
+  it wrong (the carried value, the operation read from the problem, or the arithmetic), and the
+  share of operations each step names in its place;
 * copy tasks (copy_tasks.py): exact copies.
 
 Runs on CPU (the trained config: ``--n 4`` in ~20 s on 2 cores) and on the GPU after a training run, so a
@@ -29,6 +30,7 @@ from lab.train import copy_tasks, eval_tasks
 PROBE_SEED_BASE = 1 << 41  # training draws from 2^40 (a few 10^9 above it), parity from 2^39, evals below 2^31
 LINE = re.compile(r"Step (\d+): (-?\d+) ([-+*]) (\d+) = (-?\d+), mod 1000 = (\d+)\.")  # "lines"
 HEAD = re.compile(r"Step (\d+): x = (\d+), (add|subtract|multiply by) (\d+)\.")  # "columns"
+LISTING = re.compile(r"\d+\. (add|subtract|multiply by) \d+")  # "listed": the numbered operations
 WORK = {" * ": "arithmetic *", " + ": "arithmetic +", "1000 - ": "arithmetic complement"}  # "columns"
 
 
@@ -46,19 +48,30 @@ def _cause(g: str, w: str) -> str:
     if HEAD.fullmatch(w):
         gm, wm = HEAD.fullmatch(g), HEAD.fullmatch(w)
         return "format" if not gm else "carried value" if gm.group(2) != wm.group(2) else "operation"
+    if LISTING.fullmatch(w):
+        return "listing"
     work = w.split(":", 1)[0]
     return next((cause for sign, cause in WORK.items() if sign in work), "format")
 
 
 def first_wrong_line(got: str, want: str) -> tuple[int, str] | None:
     """(index, cause) of the first line of ``got`` that differs from the worked solution ``want``
-    (either style of fastpath.evals.aime), or None if every line matches."""
+    (any style of eval_tasks.STYLES), or None if every line matches."""
     g_lines, w_lines = got.splitlines(), want.splitlines()
     for i, w in enumerate(w_lines):
         g = g_lines[i] if i < len(g_lines) else ""
         if g != w:
             return i, _cause(g, w)
     return None
+
+
+def operations_in_place(got: str, problem: str) -> float:
+    """Share of the problem's operations that the generation's step of the same number names
+    ("columns" and "listed" headers), whatever the values it carries: does it keep its place in
+    the problem's list?"""
+    want = re.findall(r"(add|subtract|multiply by) (\d+)", problem.split(": ", 1)[1])
+    named = [m.group(3, 4) for m in HEAD.finditer(got)]
+    return sum(g == w for g, w in zip(named, want)) / len(want)
 
 
 def copied_words(got: str, want: str) -> tuple[float, float]:
@@ -81,8 +94,9 @@ def _generate(model, rendered: list[tuple[list[int], list[int]]], extra: int) ->
 
 # Operations per probed AIME problem, per solution style: the size whose worked solution is ~1,050
 # tokens, what the full tier's aime25 task asks for (lines: its steps = 24; columns, ~130 tokens
-# an operation: 8 steps, mean 1,061 tokens, max 1,319, over seeds 0-19)
-AIME_PROBE_STEPS = {"lines": 24, "columns": 8}
+# an operation: 8 steps, mean 1,061 tokens, max 1,319, over seeds 0-19); listed as columns, so that
+# both fetch the same number of operations (its listing adds ~135: mean 1,195, max 1,470)
+AIME_PROBE_STEPS = {"lines": 24, "columns": 8, "listed": 8}
 
 
 def probe(model, tok, n: int, aime_style: str, mrcr_tokens=(400, 2000), aime_steps: int | None = None,
@@ -102,17 +116,20 @@ def probe(model, tok, n: int, aime_style: str, mrcr_tokens=(400, 2000), aime_ste
         out[f"mrcr_{size}"] = {"score": round(sum(scores) / n, 3), "words_in_place": round(sum(same) / n, 3),
                                "most_common_word_share": round(sum(top) / n, 3)}
         say(f"mrcr ~{size} tokens: {json.dumps(out[f'mrcr_{size}'])}")
-    exact, causes, reached = 0, collections.Counter(), []
+    exact, causes, reached, in_place = 0, collections.Counter(), [], []
     rows = [aime.generate(PROBE_SEED_BASE + i, 1, aime_steps)[0] for i in range(n)]
     texts = _generate(model, [eval_tasks.render_aime(tok, row, aime_style) for row in rows], 32)
     for row, text in zip(rows, texts):
-        want = aime.solution(row, aime_style)
+        want = eval_tasks.solution(row, aime_style)
         exact += text.strip().endswith(f"\\boxed{{{row['answer']}}}.")
         wrong = first_wrong_line(text, want)
         reached.append(len(want.splitlines()) if wrong is None else wrong[0])
         causes[wrong[1] if wrong else "none"] += 1
+        in_place.append(operations_in_place(text, row["problem"]))
     out["aime"] = {"steps": aime_steps, "style": aime_style, "exact": exact / n,
                    "lines_right_before_the_first_error": reached, "first_error": dict(causes)}
+    if aime_style != "lines":
+        out["aime"]["operations_in_place"] = round(sum(in_place) / n, 3)
     say(f"aime {aime_steps} steps: {json.dumps(out['aime'])}")
     pairs = [copy_tasks.copy_pair(PROBE_SEED_BASE + i) for i in range(n)]
     texts = _generate(model, [eval_tasks.render_chat(tok, *pair) for pair in pairs], 8)
@@ -129,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="write the summary here as JSON")
     ap.add_argument("--aime-steps", type=int, default=None,
                     help="operations per AIME problem (default: AIME_PROBE_STEPS of the weights' style)")
+    ap.add_argument("--mrcr-tokens", default="400,2000",
+                    help="the MRCR conversation sizes to probe, in tokens, comma-separated (the full tier's "
+                         "buckets reach 32768)")
     args = ap.parse_args(argv)
 
     from safetensors import safe_open
@@ -149,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     model = engine.load("standard")
     t0 = time.monotonic()
     summary = probe(model, model.tokenizer, args.n, style, aime_steps=args.aime_steps,
+                    mrcr_tokens=tuple(int(x) for x in args.mrcr_tokens.split(",")),
                     say=lambda s: print(s, flush=True))
     summary.update(weights=args.weights, sha256=digest, seconds=round(time.monotonic() - t0, 1))
     if args.out:

@@ -4,7 +4,8 @@ The whole command (imports, the self-check, the data workers, training, the fina
 inside ``--budget`` seconds; the state shards (checkpoint.py) and ``train-log.jsonl`` are in
 ``--out`` at the end (and every ``--save-every`` seconds on the way). ``--resume DIR`` continues
 from the files a previous run returned. The first run sets the schedule (``--total-train-s``:
-the training seconds every run together will have) and the data mix; a resumed run keeps them.
+the training seconds every run together will have) and the data mix; a resumed run keeps them,
+except what ``--aime-style`` changes from its step on.
 On the GPU, Triton's autotuning results travel too (``autotune.tar.gz``, autotune_cache.py).
 lab/train/h200.sh runs this on the H200.
 """
@@ -12,11 +13,12 @@ lab/train/h200.sh runs this on the H200.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import time
 from pathlib import Path
 
-from lab.train import autotune_cache
+from lab.train import autotune_cache, eval_tasks
 
 START = time.monotonic()
 
@@ -43,8 +45,6 @@ def _moe_backend_probe(device: str) -> str:
 
 def _fit_tokens_per_step(mix, device: str, moe: str):
     """A fresh run's tokens per step, halved until a step at the longest rows fits the GPU."""
-    import dataclasses
-
     import torch
 
     from lab.train.mix import make_batch
@@ -93,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--workers", type=int, default=None, help="data processes (default: cores - 2)")
     ap.add_argument("--save-every", type=float, default=150.0)
+    ap.add_argument("--aime-style", default=None, choices=eval_tasks.STYLES,
+                    help="the AIME solutions' style (default: Mix's for a fresh run, the state's for a resumed "
+                         "one); on --resume it changes the data from the state's step on")
     ap.add_argument("--moe-backend", choices=("grouped", "loop", "auto"), default="auto")
     ap.add_argument("--autotune", default=None,
                     help="an autotune.tar.gz to restore before the first step (default: the --resume folder's); "
@@ -108,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
     mix = Mix() if args.tokens_per_step is None else Mix(tokens_per_step=args.tokens_per_step)
+    changes = {"aime_style": args.aime_style} if args.aime_style else {}
+    if not args.resume:  # a fresh run's mix is its own; a resumed one keeps the state's but these
+        mix, changes = dataclasses.replace(mix, **changes), {}
     tc = TrainConfig(config=args.config, total_train_s=args.total_train_s, save_every_s=args.save_every, mix=mix)
     if args.lr is not None:
         tc.lr = args.lr
@@ -129,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
           f"out {args.out}, resume {args.resume}", flush=True)
     last = train(tc, device=device, out_dir=args.out, deadline=deadline, resume=args.resume, workers=workers,
                  compute_dtype=torch.bfloat16 if device == "cuda" else torch.float32,
-                 moe_backend=moe, say=lambda s: print(s, flush=True))
+                 moe_backend=moe, say=lambda s: print(s, flush=True),
+                 mix_changes=changes or None)
     if device == "cuda":
         _carry_autotuning(lambda: autotune_cache.pack(autotune_cache.cache_dir(),
                                                       Path(args.out) / autotune_cache.ARCHIVE), "packed")
