@@ -13,5 +13,5 @@ set -u
 resume=${1:-}
 shift || true
 exec bash lab/gpu_steps.sh \
-  "train:505:python3 -m lab.train.run --budget 490 --total-train-s 900 --out \$OUT${resume:+ --resume $resume}${*:+ $*}" \
-  "probe:75:python3 -m lab.train.export \$OUT /tmp/probe.safetensors && python3 -m lab.train.probe /tmp/probe.safetensors --device cuda --out \$OUT/probe.json"
+  "train:495:python3 -m lab.train.run --budget 480 --total-train-s 900 --out \$OUT${resume:+ --resume $resume}${*:+ $*}" \
+  "probe:90:python3 -m lab.train.export \$OUT /tmp/probe.safetensors && python3 -m lab.train.probe /tmp/probe.safetensors --device cuda --mrcr-tokens 400,2000,8000 --out \$OUT/probe.json"
