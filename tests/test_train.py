@@ -89,6 +89,20 @@ def test_a_resumed_run_changes_its_aime_style_from_its_step_on_and_keeps_the_cha
     assert "The operations:" in K3Tokenizer().decode(later.tokens[0].tolist())
 
 
+def test_a_trial_starts_from_a_states_weights_with_a_fresh_optimizer(tmp_path, one_torch_thread):
+    _train(tmp_path / "trained", 2)
+    said = []
+    train(_tc(), device="cpu", out_dir=tmp_path / "trial", deadline=time.monotonic() + 600,
+          compute_dtype=torch.float32, moe_backend="loop", max_steps=0, say=said.append,
+          init_from=tmp_path / "trained")
+    start, _ = checkpoint.load_state(tmp_path / "trained")
+    trial, meta = checkpoint.load_state(tmp_path / "trial")
+    assert meta["step"] == 0 and any("a fresh optimizer, step 0" in s for s in said)
+    for name in (k for k in start if k.startswith("w/")):
+        assert torch.equal(trial[name], start[name]), name
+    assert all(float(trial[k].abs().max()) == 0.0 for k in trial if k.startswith(("m/", "v/")))
+
+
 def test_the_trained_state_fits_what_a_gpu_run_returns(tmp_path):
     m = TrainableK3.create(get_config("trained"), device="cpu", compute_dtype=torch.float32, moe_backend="loop")
     opt = make_optimizer(m, _tc())

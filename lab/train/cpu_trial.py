@@ -7,7 +7,9 @@ many tokens, before an H200 run is spent on the full recipe?
 One row length (``--row``), the mix's kinds and loss shares (``--shares``: others than Mix's;
 ``--no-shares``: every graded token weighs 1, as runs 1 and 2 did), a constant learning rate
 after 50 warm-up steps (no schedule: a trial asks when a skill appears, not where a run ends);
-``--copy-steps N`` starts with N steps of copy tasks alone, as a run starts. Prints loop.py's log
+``--copy-steps N`` starts with N steps of copy tasks alone, as a run starts; ``--init-from DIR``
+fine-tunes a state's weights (a GPU run's) instead of fresh ones, ``--aime-style`` picks the
+AIME solutions' style. Prints loop.py's log
 line every 10 steps (per-kind loss of the graded tokens) and writes ``train-log.jsonl`` and the
 state to ``--out``; ``python3 -m lab.train.export OUT W.safetensors`` then ``lab.train.probe
 W.safetensors`` judges the trial's generations. What the trials of sessions 23-24 showed is in
@@ -40,6 +42,8 @@ def parse_kinds(text: str, flag: str = "--kinds") -> tuple[tuple[str, float], ..
 
 
 def main(argv: list[str] | None = None) -> int:
+    from lab.train.eval_tasks import STYLES
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="tiny", help="tiny (~5k tokens/s on 2 cores) or trained (~1k tokens/s)")
     ap.add_argument("--kinds", default="copy=1", help="KIND=WEIGHT,... (row kinds and their probabilities)")
@@ -51,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--shares", default=None, help="KIND=SHARE,... of the graded loss (default: Mix.loss_shares)")
     ap.add_argument("--no-shares", action="store_true", help="weigh every graded token 1 (no Mix.loss_shares)")
+    ap.add_argument("--aime-style", default="columns", choices=STYLES, help="the AIME solutions' style")
+    ap.add_argument("--init-from", default=None,
+                    help="a state folder whose weights the trial starts from (a fine-tune; its optimizer is fresh)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -66,12 +73,12 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     mix = Mix(tokens_per_step=args.tokens_per_step, short_steps=0, copy_steps=args.copy_steps,
-              lengths=((args.row, 1.0),), kinds=kinds, **shares)
+              lengths=((args.row, 1.0),), kinds=kinds, aime_style=args.aime_style, **shares)
     tc = TrainConfig(config=args.config, lr=args.lr, warmup_steps=50, min_lr_frac=1.0, total_train_s=1.0,
                      save_every_s=600.0, mix=mix)
     t0 = time.monotonic()
     last = train(tc, device="cpu", out_dir=args.out, deadline=float("inf"), workers=1, compute_dtype=torch.float32,
-                 max_steps=args.steps, say=lambda s: print(s, flush=True))
+                 max_steps=args.steps, say=lambda s: print(s, flush=True), init_from=args.init_from)
     print(f"cpu_trial: {last['step']} steps in {time.monotonic() - t0:.0f} s; state in {args.out}")
     return 0
 

@@ -128,16 +128,23 @@ class _Batches:
 def train(tc: TrainConfig, *, device: str, out_dir: str | Path, deadline: float, resume: str | Path | None = None,
           workers: int = 0, compute_dtype=torch.bfloat16, kda_backend: str | None = None,
           moe_backend: str | None = None, say: Callable[[str], None] = print, max_steps: int | None = None,
-          mix_changes: dict | None = None) -> dict:
+          mix_changes: dict | None = None, init_from: str | Path | None = None) -> dict:
     """Train until ``deadline`` (time.monotonic()) or step ``max_steps``; returns the last log record.
     ``mix_changes`` (e.g. ``{"aime_style": "listed"}``) change a resumed run's data from its step on;
-    the state and the run's record keep them."""
+    the state and the run's record keep them. ``init_from`` starts a fresh run (step 0, a fresh
+    optimizer) from a state's weights and router biases: a fine-tuning trial."""
     out_dir = Path(out_dir)
     cfg = get_config(tc.config)
     model = TrainableK3.create(cfg, device=device, compute_dtype=compute_dtype, seed=tc.init_seed,
                                kda_backend=kda_backend, moe_backend=moe_backend)
     opt = make_optimizer(model, tc)
     step, trained_s, history = 0, 0.0, []
+    if init_from:
+        tensors, meta = checkpoint.load_state(init_from)
+        with torch.no_grad():
+            for name, t in model.master.items():
+                t.copy_(tensors[f"w/{name}"])
+        say(f"weights from {init_from} (step {meta['step']}); a fresh optimizer, step 0")
     if resume:
         tensors, meta = checkpoint.load_state(resume)
         if meta["train_config"] != json.loads(json.dumps(tc.to_json())):
