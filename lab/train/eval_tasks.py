@@ -41,8 +41,9 @@ AIME_STEP_TOKENS, AIME_BASE_TOKENS = {"lines": 60, "columns": 205, "listed": 225
 # problem's operations copied one per line and numbered ("The operations:", "1. add 539", ...).
 # Run 3's checkpoint got every digit of its work right and lost its place in the problem's list
 # (skipped, repeated operations: docs/k3-mini.md); numbered, step k finds its operation by the
-# number k instead of by counting semicolons. Adopting a checkpoint trained on it moves it into
-# fastpath.evals.aime, whose worked solutions parity scores.
+# number k instead of by counting semicolons. A CPU fine-tune did not learn the listing in 300
+# steps (docs/k3-mini.md); untried on the H200. Adopting a checkpoint trained on it would move
+# it into fastpath.evals.aime, whose worked solutions parity scores.
 LISTED = "listed"
 STYLES = (*aime.STYLES, LISTED)
 _LISTED_OP = re.compile(r"(add|subtract|multiply by) (\d+)")
