@@ -9,11 +9,11 @@ One row length (``--row``), the mix's kinds and loss shares (``--shares``: other
 after 50 warm-up steps (no schedule: a trial asks when a skill appears, not where a run ends);
 ``--copy-steps N`` starts with N steps of copy tasks alone, as a run starts; ``--init-from DIR``
 fine-tunes a state's weights (a GPU run's) instead of fresh ones, ``--aime-style`` picks the
-AIME solutions' style. Prints loop.py's log
-line every 10 steps (per-kind loss of the graded tokens) and writes ``train-log.jsonl`` and the
-state to ``--out``; ``python3 -m lab.train.export OUT W.safetensors`` then ``lab.train.probe
-W.safetensors`` judges the trial's generations. What the trials of sessions 23-24 showed is in
-docs/k3-mini.md ("Copying appears after a few million tokens").
+AIME solutions' style. Prints loop.py's log line every 10 steps (per-kind loss of the graded
+tokens) and writes ``train-log.jsonl`` and the state to ``--out``; ``python3 -m
+lab.train.export OUT W.safetensors`` then ``lab.train.probe W.safetensors`` judges the trial's
+generations. What the trials of sessions 23-25 showed is in docs/k3-mini.md ("Copying appears
+after a few million tokens", "Run 3, first segment").
 """
 
 from __future__ import annotations

@@ -162,7 +162,9 @@ def train(tc: TrainConfig, *, device: str, out_dir: str | Path, deadline: float,
         say(f"note: the data changes from step {step} on: {json.dumps(mix_changes)}")
     out_dir.mkdir(parents=True, exist_ok=True)
     log = open(out_dir / LOG_NAME, "a")
-    run = {"start_step": step, "device": device, "started": time.time(), **({"mix_changes": mix_changes} if mix_changes else {})}
+    run = {"start_step": step, "device": device, "started": time.time()}
+    if mix_changes:
+        run["mix_changes"] = mix_changes
     batches = _Batches(tc.mix, step, workers, say=say)
     last_save = time.monotonic()
     step_s: deque = deque(maxlen=20)
