@@ -107,11 +107,24 @@ def restore(model, optimizer, tensors: dict[str, torch.Tensor], step: int) -> No
     optimizer.load_state_dict({"state": state, "param_groups": sd["param_groups"]})
 
 
+EXPORT_META_KEY = "lab.train.export"
+
+
 def export_weights(weights: dict[str, torch.Tensor], path: str | Path, meta: dict | None = None) -> Path:
-    """One safetensors file of the engine's weights (``TrainableK3.export()``)."""
+    """One safetensors file of the engine's weights (``TrainableK3.export()``). ``meta`` rides as one
+    sorted JSON string: safetensors writes a metadata table's keys in no fixed order, and two
+    exports of one state got two sha256s (the digest the spec pins) from that alone."""
     path = Path(path)
     tmp = path.with_suffix(".tmp")
     save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp),
-              metadata={k: str(v) for k, v in (meta or {}).items()})
+              metadata={EXPORT_META_KEY: json.dumps(meta or {}, sort_keys=True)})
     os.replace(tmp, path)
     return path
+
+
+def export_meta(path: str | Path) -> dict:
+    """What ``export_weights`` recorded (a file exported before it recorded one key, such as the
+    first committed checkpoint, has its keys flat)."""
+    with safe_open(str(path), "pt") as f:
+        md = f.metadata() or {}
+    return json.loads(md[EXPORT_META_KEY]) if EXPORT_META_KEY in md else md

@@ -151,16 +151,14 @@ def main(argv: list[str] | None = None) -> int:
                          "buckets reach 32768)")
     args = ap.parse_args(argv)
 
-    from safetensors import safe_open
-
+    from lab.train import checkpoint
     from optimized_model.k3.engine import EmbeddedEngine
 
     with open(args.weights, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
     # the config and the style the weights learnt: lab.train.export records both (a CPU trial's may be
     # tiny); the committed checkpoint's are the trained config and aime's default
-    with safe_open(args.weights, "pt") as f:
-        meta = f.metadata() or {}
+    meta = checkpoint.export_meta(args.weights)
     style = meta.get("aime_style", aime.SOLUTION_STYLE)
     engine = EmbeddedEngine(config=meta.get("config", "trained"), device=args.device,
                             dtype="float32" if args.device == "cpu" else None, weights=args.weights,
