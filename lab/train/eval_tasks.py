@@ -46,12 +46,17 @@ AIME_STEP_TOKENS, AIME_BASE_TOKENS = {"lines": 60, "columns": 205, "listed": 225
 # it into fastpath.evals.aime, whose worked solutions parity scores.
 LISTED = "listed"
 STYLES = (*aime.STYLES, LISTED)
-_LISTED_OP = re.compile(r"(add|subtract|multiply by) (\d+)")
+_OPERATION = re.compile(r"(add|subtract|multiply by) (\d+)")
+
+
+def operations(problem: str) -> list[tuple[str, str]]:
+    """A generated AIME-format problem's operations in order: ``[("add", "539"), ...]``."""
+    return _OPERATION.findall(problem.split(": ", 1)[1])
 
 
 def _listing(row: dict) -> str:
     """The "listed" style's first lines: the problem's operations, numbered, one per line."""
-    ops = _LISTED_OP.findall(row["problem"].split(": ", 1)[1])
+    ops = operations(row["problem"])
     return "The operations:\n" + "".join(f"{i}. {op} {k}\n" for i, (op, k) in enumerate(ops, 1))
 
 

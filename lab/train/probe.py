@@ -69,7 +69,7 @@ def operations_in_place(got: str, problem: str) -> float:
     """Share of the problem's operations that the generation's step of the same number names
     ("columns" and "listed" headers), whatever the values it carries: does it keep its place in
     the problem's list?"""
-    want = re.findall(r"(add|subtract|multiply by) (\d+)", problem.split(": ", 1)[1])
+    want = eval_tasks.operations(problem)
     named = [m.group(3, 4) for m in HEAD.finditer(got)]
     return sum(g == w for g, w in zip(named, want)) / len(want)
 
