@@ -447,3 +447,27 @@ def test_a_cpu_trial_trains_the_named_kinds_on_one_row_length(tmp_path, capsys, 
     assert meta["train_config"]["mix"]["loss_shares"] == [["copy", 1.0], ["mrcr", 0.5]]
     assert meta["train_config"]["mix"]["copy_steps"] == 2
     assert "3 steps" in capsys.readouterr().out
+
+
+def test_the_numbered_style_labels_the_problems_operations_as_its_steps_name_them():
+    tok = K3Tokenizer()
+    row = aime.generate(7, 1, 12)[0]
+    problem = eval_tasks.numbered_problem(row["problem"])
+    ops = eval_tasks.operations(row["problem"])
+    assert eval_tasks.operations(problem) == ops
+    assert problem.startswith(row["problem"].split(": ", 1)[0] + ": Step 1: ")
+    assert problem.endswith(f"; Step 12: {' '.join(ops[11])}. What is the final value of x?")
+    want = eval_tasks.solution(row, "numbered")
+    heads = [l for l in want.splitlines() if l.startswith("Step ")]
+    columns = aime.solution(row, "columns").splitlines()
+    column_heads = [probe.HEAD.fullmatch(l) for l in columns if l.startswith("Step ")]
+    assert heads == [f"Step {m[1]}: {m[3]} {m[4]}, x = {m[2]}." for m in column_heads]
+    assert [l for l in want.splitlines() if not l.startswith("Step ")] == [l for l in columns if not l.startswith("Step ")]
+    prompt, target = eval_tasks.render_aime(tok, row, "numbered")
+    assert tok.decode(prompt).count("Step 12: ") == 1 and "Step 12: " in problem
+    assert target[:-2] == tok.encode(want, bos=False) and target[-2:] == [tok.end_turn_id, tok.eos_id]
+    assert probe.operations_in_place(want, row["problem"]) == 1.0
+    i = want.splitlines().index(heads[2])
+    slipped = want.replace(heads[2], heads[2].replace(" ".join(ops[2]), " ".join(ops[3]), 1))
+    assert ops[2] != ops[3] and probe.first_wrong_line(slipped, want) == (i, "operation")
+    assert probe.operations_in_place(slipped, row["problem"]) == 11 / 12

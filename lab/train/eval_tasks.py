@@ -35,7 +35,7 @@ TRAIN_SEED_BASE = 1 << 40
 AIME_STEPS = (3, 48)
 # upper bounds: problem + solution per step (by solution style; 203 is the longest "columns" step
 # over every value and operand), and the rest
-AIME_STEP_TOKENS, AIME_BASE_TOKENS = {"lines": 60, "columns": 205, "listed": 225}, 260
+AIME_STEP_TOKENS, AIME_BASE_TOKENS = {"lines": 60, "columns": 205, "listed": 225, "numbered": 215}, 260
 
 # A solution style on trial here before the harness has it: "listed" is "columns" after the
 # problem's operations copied one per line and numbered ("The operations:", "1. add 539", ...).
@@ -45,8 +45,16 @@ AIME_STEP_TOKENS, AIME_BASE_TOKENS = {"lines": 60, "columns": 205, "listed": 225
 # steps (docs/k3-mini.md); untried on the H200. Adopting a checkpoint trained on it would move
 # it into fastpath.evals.aime, whose worked solutions parity scores.
 LISTED = "listed"
-STYLES = (*aime.STYLES, LISTED)
+# "numbered" changes the problem too: its operations are labelled as the solution labels them
+# ("...: Step 1: add 539; Step 2: multiply by 38; ..."), and each step of the solution names its
+# operation before the value it applies to ("Step 2: multiply by 38, x = 874."), so that fetching
+# operation k is copying what follows the problem's "Step k: " (an induction head's match) rather
+# than counting semicolons. Untried; adopting it would move the problem's labels into
+# fastpath.evals.aime's generator, which the eval documents come from.
+NUMBERED = "numbered"
+STYLES = (*aime.STYLES, LISTED, NUMBERED)
 _OPERATION = re.compile(r"(add|subtract|multiply by) (\d+)")
+_COLUMNS_HEAD = re.compile(r"^Step (\d+): x = (\d+), (add|subtract|multiply by) (\d+)\.$", re.M)
 
 
 def operations(problem: str) -> list[tuple[str, str]]:
@@ -60,18 +68,32 @@ def _listing(row: dict) -> str:
     return "The operations:\n" + "".join(f"{i}. {op} {k}\n" for i, (op, k) in enumerate(ops, 1))
 
 
+def numbered_problem(problem: str) -> str:
+    """The "numbered" style's problem: the same, each operation labelled ``Step k:``."""
+    head, listed = problem.split(": ", 1)
+    tail = listed[listed.index(". "):]  # ". What is the final value of x?"
+    return f"{head}: " + "; ".join(f"Step {i}: {op} {k}" for i, (op, k) in enumerate(operations(problem), 1)) + tail
+
+
 def solution(row: dict, style: str = aime.SOLUTION_STYLE) -> str:
     """``aime.solution`` in any of ``STYLES``."""
-    return _listing(row) + aime.solution(row, "columns") if style == LISTED else aime.solution(row, style)
+    if style == LISTED:
+        return _listing(row) + aime.solution(row, "columns")
+    if style == NUMBERED:
+        return _COLUMNS_HEAD.sub(r"Step \1: \3 \4, x = \2.", aime.solution(row, "columns"))
+    return aime.solution(row, style)
 
 
 def render_aime(tok, row: dict, style: str = aime.SOLUTION_STYLE) -> tuple[list[int], list[int]]:
-    """``sequences.render_aime`` in any of ``STYLES`` (the byte tokenizer's ids of the listing, then
-    the columns solution's)."""
-    if style != LISTED:
+    """``sequences.render_aime`` in any of ``STYLES`` (for "listed", the byte tokenizer's ids of
+    the listing, then the columns solution's; for "numbered", its problem and solution)."""
+    if style not in (LISTED, NUMBERED):
         return sequences.render_aime(tok, row, style)
+    if style == NUMBERED:
+        row = {**row, "problem": numbered_problem(row["problem"])}
     prompt, target = sequences.render_aime(tok, row, "columns")
-    return prompt, tok.encode(_listing(row), bos=False) + target
+    work = tok.encode(aime.solution(row, "columns"), bos=False)
+    return prompt, tok.encode(solution(row, style), bos=False) + target[len(work):]  # + the turn's end
 
 
 def content_hash(text: str) -> str:

@@ -30,6 +30,7 @@ from lab.train import copy_tasks, eval_tasks
 PROBE_SEED_BASE = 1 << 41  # training draws from 2^40 (a few 10^9 above it), parity from 2^39, evals below 2^31
 LINE = re.compile(r"Step (\d+): (-?\d+) ([-+*]) (\d+) = (-?\d+), mod 1000 = (\d+)\.")  # "lines"
 HEAD = re.compile(r"Step (\d+): x = (\d+), (add|subtract|multiply by) (\d+)\.")  # "columns"
+NAMED_HEAD = re.compile(r"Step (\d+): (add|subtract|multiply by) (\d+), x = (\d+)\.")  # "numbered"
 LISTING = re.compile(r"\d+\. (add|subtract|multiply by) \d+")  # "listed": the numbered operations
 WORK = {" * ": "arithmetic *", " + ": "arithmetic +", "1000 - ": "arithmetic complement"}  # "columns"
 
@@ -48,6 +49,9 @@ def _cause(g: str, w: str) -> str:
     if HEAD.fullmatch(w):
         gm, wm = HEAD.fullmatch(g), HEAD.fullmatch(w)
         return "format" if not gm else "carried value" if gm.group(2) != wm.group(2) else "operation"
+    if NAMED_HEAD.fullmatch(w):
+        gm, wm = NAMED_HEAD.fullmatch(g), NAMED_HEAD.fullmatch(w)
+        return "format" if not gm else "operation" if gm.group(2, 3) != wm.group(2, 3) else "carried value"
     if LISTING.fullmatch(w):
         return "listing"
     work = w.split(":", 1)[0]
@@ -67,10 +71,10 @@ def first_wrong_line(got: str, want: str) -> tuple[int, str] | None:
 
 def operations_in_place(got: str, problem: str) -> float:
     """Share of the problem's operations that the generation's step of the same number names
-    ("columns" and "listed" headers), whatever the values it carries: does it keep its place in
-    the problem's list?"""
+    ("columns", "listed" and "numbered" headers), whatever the values it carries: does it keep its
+    place in the problem's list?"""
     want = eval_tasks.operations(problem)
-    named = [m.group(3, 4) for m in HEAD.finditer(got)]
+    named = [m.group(3, 4) for m in HEAD.finditer(got)] or [m.group(2, 3) for m in NAMED_HEAD.finditer(got)]
     return sum(g == w for g, w in zip(named, want)) / len(want)
 
 
@@ -95,8 +99,8 @@ def _generate(model, rendered: list[tuple[list[int], list[int]]], extra: int) ->
 # Operations per probed AIME problem, per solution style: the size whose worked solution is ~1,050
 # tokens, what the full tier's aime25 task asks for (lines: its steps = 24; columns, ~130 tokens
 # an operation: 8 steps, mean 1,061 tokens, max 1,319, over seeds 0-19); listed as columns, so that
-# both fetch the same number of operations (its listing adds ~135: mean 1,195, max 1,470)
-AIME_PROBE_STEPS = {"lines": 24, "columns": 8, "listed": 8}
+# both fetch the same number of operations (its listing adds ~135: mean 1,195, max 1,470); numbered as columns
+AIME_PROBE_STEPS = {"lines": 24, "columns": 8, "listed": 8, "numbered": 8}
 
 
 def probe(model, tok, n: int, aime_style: str, mrcr_tokens=(400, 2000), aime_steps: int | None = None,
