@@ -71,7 +71,7 @@ def test_resume_continues_exactly(tmp_path, one_torch_thread):
     assert [r["end_step"] for r in meta_b["runs"]] == [2, 3]
 
 
-def test_a_resumed_run_changes_its_aime_style_from_its_step_on_and_keeps_the_change(tmp_path, one_torch_thread):
+def test_a_resumed_run_changes_its_aime_style_and_schedule_from_its_step_on_and_keeps_them(tmp_path, one_torch_thread):
     aime_mix = dataclasses.replace(TINY_MIX, lengths=((2048, 1.0),), kinds=(("aime", 1.0),), aime_style="columns")
     said = []
 
@@ -80,11 +80,16 @@ def test_a_resumed_run_changes_its_aime_style_from_its_step_on_and_keeps_the_cha
                      compute_dtype=torch.float32, moe_backend="loop", max_steps=steps, say=said.append, **kw)
 
     run(tmp_path / "first", 1)
-    run(tmp_path / "second", 2, resume=tmp_path / "first", mix_changes={"aime_style": "listed"})
+    first_total = _tc().total_train_s
+    run(tmp_path / "second", 2, resume=tmp_path / "first", mix_changes={"aime_style": "listed"},
+        schedule_s=first_total * 2)
     _, meta = checkpoint.load_state(tmp_path / "second")
-    assert TrainConfig.from_json(meta["train_config"]).mix.aime_style == "listed"
+    resumed = TrainConfig.from_json(meta["train_config"])
+    assert resumed.mix.aime_style == "listed" and resumed.total_train_s == first_total * 2
     assert [r.get("mix_changes") for r in meta["runs"]] == [None, {"aime_style": "listed"}]
+    assert [r.get("total_train_s") for r in meta["runs"]] == [None, first_total * 2]
     assert any('from step 1 on: {"aime_style": "listed"}' in s for s in said)
+    assert any(f"schedule is {first_total * 2:.0f} s of training from step 1 on" in s for s in said)
     later = make_batch(dataclasses.replace(aime_mix, aime_style="listed"), 1, K3Tokenizer())
     assert "The operations:" in K3Tokenizer().decode(later.tokens[0].tolist())
 

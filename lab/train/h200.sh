@@ -3,6 +3,7 @@
 #   bash lab/train/h200.sh                 # the first run (fresh weights)
 #   bash lab/train/h200.sh .train/run1     # a later run, from the state the previous one returned
 #   bash lab/train/h200.sh .train/run3 --aime-style listed   # further arguments go to lab.train.run
+#   bash lab/train/h200.sh .train/run3 --total-train-s 1380  # a longer schedule from the state's step on
 # Carry `.whl` (fla-core 0.6.0, for chunk_kda's forward and backward) and, for a later run, the
 # folder holding the previous run's state-*.safetensors and train-log.jsonl (e.g. `.train`).
 # $OUT gets state-00..03.safetensors (53 MiB), train-log.jsonl, autotune.tar.gz, probe.json and
@@ -13,5 +14,5 @@ set -u
 resume=${1:-}
 shift || true
 exec bash lab/gpu_steps.sh \
-  "train:495:python3 -m lab.train.run --budget 480 --total-train-s 900 --out \$OUT${resume:+ --resume $resume}${*:+ $*}" \
+  "train:495:python3 -m lab.train.run --budget 480 --out \$OUT${resume:+ --resume $resume}${*:+ $*}" \
   "probe:90:python3 -m lab.train.export \$OUT /tmp/probe.safetensors && python3 -m lab.train.probe /tmp/probe.safetensors --device cuda --mrcr-tokens 400,2000,8000 --out \$OUT/probe.json"

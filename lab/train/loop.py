@@ -128,11 +128,14 @@ class _Batches:
 def train(tc: TrainConfig, *, device: str, out_dir: str | Path, deadline: float, resume: str | Path | None = None,
           workers: int = 0, compute_dtype=torch.bfloat16, kda_backend: str | None = None,
           moe_backend: str | None = None, say: Callable[[str], None] = print, max_steps: int | None = None,
-          mix_changes: dict | None = None, init_from: str | Path | None = None) -> dict:
+          mix_changes: dict | None = None, init_from: str | Path | None = None,
+          schedule_s: float | None = None) -> dict:
     """Train until ``deadline`` (time.monotonic()) or step ``max_steps``; returns the last log record.
     ``mix_changes`` (e.g. ``{"aime_style": "listed"}``) change a resumed run's data from its step on;
     the state and the run's record keep them. ``init_from`` starts a fresh run (step 0, a fresh
-    optimizer) from a state's weights and router biases: a fine-tuning trial."""
+    optimizer) from a state's weights and router biases: a fine-tuning trial. ``schedule_s`` gives a
+    resumed run's schedule a new length (total_train_s), from its step on: a longer one raises the
+    learning rate again (lr_at)."""
     out_dir = Path(out_dir)
     cfg = get_config(tc.config)
     model = TrainableK3.create(cfg, device=device, compute_dtype=compute_dtype, seed=tc.init_seed,
@@ -160,11 +163,16 @@ def train(tc: TrainConfig, *, device: str, out_dir: str | Path, deadline: float,
     if mix_changes:
         tc = dataclasses.replace(tc, mix=dataclasses.replace(tc.mix, **mix_changes))
         say(f"note: the data changes from step {step} on: {json.dumps(mix_changes)}")
+    if schedule_s is not None and schedule_s != tc.total_train_s:
+        say(f"note: the schedule is {schedule_s:.0f} s of training from step {step} on, not {tc.total_train_s:.0f} s")
+        tc = dataclasses.replace(tc, total_train_s=schedule_s)
     out_dir.mkdir(parents=True, exist_ok=True)
     log = open(out_dir / LOG_NAME, "a")
     run = {"start_step": step, "device": device, "started": time.time()}
     if mix_changes:
         run["mix_changes"] = mix_changes
+    if schedule_s is not None:
+        run["total_train_s"] = tc.total_train_s
     batches = _Batches(tc.mix, step, workers, say=say)
     last_save = time.monotonic()
     step_s: deque = deque(maxlen=20)

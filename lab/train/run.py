@@ -5,7 +5,7 @@ inside ``--budget`` seconds; the state shards (checkpoint.py) and ``train-log.js
 ``--out`` at the end (and every ``--save-every`` seconds on the way). ``--resume DIR`` continues
 from the files a previous run returned. The first run sets the schedule (``--total-train-s``:
 the training seconds every run together will have) and the data mix; a resumed run keeps them,
-except what ``--aime-style`` changes from its step on.
+except what ``--aime-style`` and ``--total-train-s`` change from its step on.
 On the GPU, Triton's autotuning results travel too (``autotune.tar.gz``, autotune_cache.py).
 lab/train/h200.sh runs this on the H200.
 """
@@ -88,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume", default=None, help="folder holding a previous run's state-*.safetensors")
     ap.add_argument("--config", default="trained")
     ap.add_argument("--device", default=None, help="cuda (default where there is one) or cpu")
-    ap.add_argument("--total-train-s", type=float, default=900.0)
+    ap.add_argument("--total-train-s", type=float, default=None,
+                    help="the schedule's training seconds over every run (default 900 for a fresh run); on "
+                         "--resume a new length from the state's step on")
     ap.add_argument("--tokens-per-step", type=int, default=None)
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--workers", type=int, default=None, help="data processes (default: cores - 2)")
@@ -114,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     changes = {"aime_style": args.aime_style} if args.aime_style else {}
     if not args.resume:  # a fresh run's mix is its own; a resumed one keeps the state's but these
         mix, changes = dataclasses.replace(mix, **changes), {}
-    tc = TrainConfig(config=args.config, total_train_s=args.total_train_s, save_every_s=args.save_every, mix=mix)
+    tc = TrainConfig(config=args.config, total_train_s=args.total_train_s or 900.0, save_every_s=args.save_every,
+                     mix=mix)
     if args.lr is not None:
         tc.lr = args.lr
     archive = args.autotune or (Path(args.resume) / autotune_cache.ARCHIVE if args.resume else None)
@@ -136,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     last = train(tc, device=device, out_dir=args.out, deadline=deadline, resume=args.resume, workers=workers,
                  compute_dtype=torch.bfloat16 if device == "cuda" else torch.float32,
                  moe_backend=moe, say=lambda s: print(s, flush=True),
-                 mix_changes=changes or None)
+                 mix_changes=changes or None, schedule_s=args.total_train_s if args.resume else None)
     if device == "cuda":
         _carry_autotuning(lambda: autotune_cache.pack(autotune_cache.cache_dir(),
                                                       Path(args.out) / autotune_cache.ARCHIVE), "packed")
