@@ -197,7 +197,7 @@ EVALS_DEFAULTS = {
              "full": {"buckets": [1024, 2048, 4096, 8192, 16384, 32768], "docs": 4, "max_gen_toks": 320,
                       "repeats": 1}},
     "aime25": {"smoke": {"docs": 2, "max_gen_toks": 3, "repeats": 1, "steps": 3},
-               "full": {"docs": 8, "max_gen_toks": 1280, "repeats": 1, "steps": 40}},
+               "full": {"docs": 8, "max_gen_toks": 1600, "repeats": 1, "steps": 9}},
 }
 FEATURE_DEFAULTS = {"temperature_sampling": False, "top_k": False, "top_p": False,
                     "structured_output": [], "speculative_decoding": False}

@@ -28,9 +28,13 @@ def test_generated_rows_have_the_documented_fields_and_integer_answers():
         assert set(row) == set(aime.FIELDS) and all(type(row[k]) is t for k, t in aime.FIELDS.items())
         assert row["id"] == i and row["answer"].isdigit() and 0 <= int(row["answer"]) <= 999
         assert "12 operations" in row["problem"]
-    # a worked solution takes a line per operation and ends in the boxed answer
-    sol = aime.solution(rows[0])
+        assert [f"Step {k}: " in row["problem"] for k in (1, 12, 13)] == [True, True, False]  # labelled
+    # a worked solution takes a line per operation ("lines"), or a labelled step line and its work,
+    # and ends in the boxed answer
+    sol = aime.solution(rows[0], "lines")
     assert sol.count("\n") == 12 and sol.endswith(f"\\boxed{{{rows[0]['answer']}}}.")
+    numbered = aime.solution(rows[0])
+    assert numbered.count("\nStep ") == 11 and numbered.endswith(f"\\boxed{{{rows[0]['answer']}}}.")
 
 
 def test_the_task_is_lm_evals_aime25_with_only_the_listed_overrides(aime_task):

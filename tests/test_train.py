@@ -184,7 +184,7 @@ def test_training_aime_problems_are_the_suites_with_solutions_of_hundreds_to_tho
         for room in (300, 2048, 16384):
             steps = eval_tasks.aime_steps(eval_tasks.TRAIN_SEED_BASE + room, room, style)
             assert steps is None if room == 300 else eval_tasks.AIME_STEPS[0] <= steps <= eval_tasks.AIME_STEPS[1]
-    assert 100 < len(eval_tasks.render_aime(tok, short)[1]) < 300 < 1800 < len(eval_tasks.render_aime(tok, long)[1])
+    assert 100 < len(eval_tasks.render_aime(tok, short)[1]) < 600 < 1800 < len(eval_tasks.render_aime(tok, long)[1])
 
 
 def test_training_documents_render_as_the_eval_adapter_sends_them(tmp_path):
@@ -360,7 +360,7 @@ def test_a_state_saved_before_the_solution_styles_resumes_on_the_style_it_learnt
     saved = TrainConfig().to_json()
     del saved["mix"]["aime_style"]
     assert TrainConfig.from_json(saved).mix.aime_style == "lines"
-    assert TrainConfig.from_json(TrainConfig().to_json()).mix.aime_style == Mix().aime_style == "columns"
+    assert TrainConfig.from_json(TrainConfig().to_json()).mix.aime_style == Mix().aime_style == aime.SOLUTION_STYLE == "numbered"
 
 
 def test_each_kind_carries_its_share_of_the_graded_loss():
@@ -408,7 +408,7 @@ def test_the_probes_aime_size_per_style_matches_the_eval_tasks_length():
 def test_the_listed_style_numbers_the_operations_then_works_them_in_columns():
     tok = K3Tokenizer()
     row = aime.generate(7, 1, 12)[0]
-    ops = row["problem"].split(": ", 1)[1].removesuffix(". What is the final value of x?").split("; ")
+    ops = [" ".join(op) for op in aime.operations(row["problem"])]
     lines = eval_tasks.solution(row, "listed").splitlines()
     assert lines[0] == "The operations:" and lines[1:13] == [f"{i}. {op}" for i, op in enumerate(ops, 1)]
     assert "\n".join(lines[13:]) == aime.solution(row, "columns")
@@ -425,7 +425,7 @@ def test_the_probe_counts_the_operations_each_step_names_in_its_place():
     row = aime.generate(3, 1, 4)[0]
     right = aime.solution(row, "columns")
     assert probe.operations_in_place(right, row["problem"]) == 1.0
-    ops = eval_tasks.operations(row["problem"])
+    ops = aime.operations(row["problem"])
     assert ops[1] != ops[2]  # the seed's steps 2 and 3 differ, so repeating step 2's is a slip
     heads = [l for l in right.splitlines() if l.startswith("Step ")]
     repeated = "\n".join(heads[:2] + [heads[1].replace("Step 2", "Step 3")] + heads[3:])  # step 3 repeats step 2's
@@ -454,24 +454,25 @@ def test_a_cpu_trial_trains_the_named_kinds_on_one_row_length(tmp_path, capsys, 
     assert "3 steps" in capsys.readouterr().out
 
 
-def test_the_numbered_style_labels_the_problems_operations_as_its_steps_name_them():
+def test_the_numbered_style_names_each_steps_operation_as_the_problem_labels_it():
+    """The style run 3 learnt from its second segment on: what the lab trained as "numbered" (the
+    problem's operations relabelled, the columns heads reordered) is what the harness generates."""
     tok = K3Tokenizer()
     row = aime.generate(7, 1, 12)[0]
-    problem = eval_tasks.numbered_problem(row["problem"])
-    ops = eval_tasks.operations(row["problem"])
-    assert eval_tasks.operations(problem) == ops
-    assert problem.startswith(row["problem"].split(": ", 1)[0] + ": Step 1: ")
-    assert problem.endswith(f"; Step 12: {' '.join(ops[11])}. What is the final value of x?")
-    want = eval_tasks.solution(row, "numbered")
-    heads = [l for l in want.splitlines() if l.startswith("Step ")]
+    ops = aime.operations(row["problem"])
+    assert len(ops) == 12 and row["problem"].endswith(f"; Step 12: {' '.join(ops[11])}. What is the final value of x?")
+    assert ", replacing x after each one by its remainder when divided by 1000: Step 1: " in row["problem"]
+    want = aime.solution(row, "numbered")
     columns = aime.solution(row, "columns").splitlines()
     column_heads = [probe.HEAD.fullmatch(l) for l in columns if l.startswith("Step ")]
-    assert heads == [f"Step {m[1]}: {m[3]} {m[4]}, x = {m[2]}." for m in column_heads]
-    assert [l for l in want.splitlines() if not l.startswith("Step ")] == [l for l in columns if not l.startswith("Step ")]
+    assert [l for l in want.splitlines() if l.startswith("Step ")] == [
+        f"Step {m[1]}: {m[3]} {m[4]}, x = {m[2]}." for m in column_heads]
+    assert [l for l in want.splitlines() if not l.startswith("Step ")] == [
+        l for l in columns if not l.startswith("Step ")]
     prompt, target = eval_tasks.render_aime(tok, row, "numbered")
-    assert tok.decode(prompt).count("Step 12: ") == 1 and "Step 12: " in problem
     assert target[:-2] == tok.encode(want, bos=False) and target[-2:] == [tok.end_turn_id, tok.eos_id]
     assert probe.operations_in_place(want, row["problem"]) == 1.0
+    heads = [l for l in want.splitlines() if l.startswith("Step ")]
     i = want.splitlines().index(heads[2])
     slipped = want.replace(heads[2], heads[2].replace(" ".join(ops[2]), " ".join(ops[3]), 1))
     assert ops[2] != ops[3] and probe.first_wrong_line(slipped, want) == (i, "operation")

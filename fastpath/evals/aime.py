@@ -2,9 +2,12 @@
 
 Each problem is a chain of modular arithmetic: a start value and ``steps`` operations (add,
 subtract, multiply), the running value reduced modulo 1000 after each. One slip anywhere
-changes the answer, and a worked solution takes one line per step, so the length of a correct
-generation grows with ``steps`` (about 30 tokens a step with a byte-level tokenizer). Rows have
-the fields of lm-eval's aime25 data that its task reads:
+changes the answer, and a worked solution takes one or more lines per step, so the length of a
+correct generation grows with ``steps`` (about 30 tokens a step in the ``lines`` style, 130 in
+``numbered``, with a byte-level tokenizer). The problem labels each operation as the worked
+solution names its step (``...: Step 1: add 539; Step 2: multiply by 38; ...``), so that a
+solver finds step k's operation by its label, not by counting the list. Rows have the fields of
+lm-eval's aime25 data that its task reads:
 
     id       int   the row's index in its set
     problem  str   the question (lm-eval renders it as "Question: {problem}\\nAnswer:")
@@ -24,6 +27,9 @@ for a subject that should solve these), in one of ``STYLES``:
       437 * 3: 7*3=21, 3*3+2=11, 4*3+1=13, so 1311.
       437 * 8: 7*8=56, 3*8+5=29, 4*8+2=34, so 3496.
       311 + 960: 1+0=1, 1+6=7, 3+9=12, so 1271, mod 1000 = 271.
+
+* ``numbered``: ``columns`` whose step line names the operation first, as the problem labels it,
+  then the value it applies to: ``Step 7: multiply by 83, x = 437.``
 
 ``SOLUTION_STYLE`` is the style the trained checkpoint learnt: parity scores it (sequences.py).
 """
@@ -62,7 +68,7 @@ def generate(seed: int, n: int, steps: int) -> list[dict]:
     rows = []
     for i in range(n):
         start, ops = rng.randint(0, MODULUS - 1), _ops(rng, steps)
-        listed = "; ".join(f"{op} {k}" for op, k in ops)
+        listed = "; ".join(f"Step {j}: {op} {k}" for j, (op, k) in enumerate(ops, 1))
         problem = (f"Let x = {start}. Apply the following {steps} operations to x in order, replacing x after "
                    f"each one by its remainder when divided by {MODULUS}: {listed}. What is the final value of x?")
         value = start
@@ -72,8 +78,13 @@ def generate(seed: int, n: int, steps: int) -> list[dict]:
     return rows
 
 
-STYLES = ("lines", "columns")
-SOLUTION_STYLE = "lines"
+def operations(problem: str) -> list[tuple[str, str]]:
+    """A generated problem's operations in order: ``[("add", "539"), ("multiply by", "38"), ...]``."""
+    return _STEP.findall(problem.split(": ", 1)[1])
+
+
+STYLES = ("lines", "columns", "numbered")
+SOLUTION_STYLE = "numbered"
 
 
 def _digits(n: int) -> list[int]:
@@ -134,16 +145,16 @@ def solution(row: dict, style: str = SOLUTION_STYLE) -> str:
     if style not in STYLES:
         raise ValueError(f"solution style {style!r}: use one of {', '.join(STYLES)}")
     m = re.match(r"Let x = (\d+)\.", row["problem"])
-    listed = row["problem"].split(": ", 1)[1]
     if not m:
         raise ValueError("not a generated AIME-format problem (it does not start with 'Let x = N.')")
     value, lines = int(m.group(1)), []
-    for i, (op, k) in enumerate(_STEP.findall(listed), 1):
+    for i, (op, k) in enumerate(operations(row["problem"]), 1):
         raw = _raw(value, op, int(k))
         if style == "lines":
             lines.append(f"Step {i}: {value} {_SIGNS[op]} {k} = {raw}, mod {MODULUS} = {raw % MODULUS}.")
         else:
-            lines += [f"Step {i}: x = {value}, {op} {k}.", *_worked_columns(value, op, int(k))]
+            head = f"Step {i}: x = {value}, {op} {k}." if style == "columns" else f"Step {i}: {op} {k}, x = {value}."
+            lines += [head, *_worked_columns(value, op, int(k))]
         value = raw % MODULUS
     if str(value) != str(row["answer"]):
         raise ValueError(f"the worked steps end at {value}, not at the row's answer {row['answer']}")

@@ -23,7 +23,7 @@ SEED_BASE = 1 << 39
 # lm-eval's aime25.yaml doc_to_text (fastpath_aime25.yaml includes it)
 AIME_DOC_TO_TEXT = "Question: {problem}\nAnswer:"
 MRCR_MESSAGES_FIELD = "prompt"  # fastpath_mrcr.yaml metadata chat_messages
-AIME_STEPS = (3, 24)  # operations per packed problem: ~150 to ~1050 tokens of solution
+AIME_STEPS = (2, 8)  # operations per packed problem: ~290 to ~1,070 tokens of solution
 MRCR_NEEDLES = (2, 4, 8)
 MAX_OFFSET = 512  # tokens skipped at the start of the packed documents, seeded
 DOCS_PER_SEED = 4096  # document seeds of one sequence: seed * DOCS_PER_SEED + k

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import random
-import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -34,66 +33,37 @@ TRAIN_SEED_BASE = 1 << 40
 # of solution, 48 steps ~2k
 AIME_STEPS = (3, 48)
 # upper bounds: problem + solution per step (by solution style; 203 is the longest "columns" step
-# over every value and operand), and the rest
-AIME_STEP_TOKENS, AIME_BASE_TOKENS = {"lines": 60, "columns": 205, "listed": 225, "numbered": 215}, 260
+# over every value and operand, and the problem's "Step k: " label adds up to 10), and the rest
+AIME_STEP_TOKENS, AIME_BASE_TOKENS = {"lines": 70, "columns": 220, "listed": 240, "numbered": 220}, 260
 
-# A solution style on trial here before the harness has it: "listed" is "columns" after the
+# A solution style on trial that the harness does not have: "listed" is "columns" after the
 # problem's operations copied one per line and numbered ("The operations:", "1. add 539", ...).
-# Run 3's checkpoint got every digit of its work right and lost its place in the problem's list
-# (skipped, repeated operations: docs/k3-mini.md); numbered, step k finds its operation by the
-# number k instead of by counting semicolons. A CPU fine-tune did not learn the listing in 300
-# steps (docs/k3-mini.md); untried on the H200. Adopting a checkpoint trained on it would move
-# it into fastpath.evals.aime, whose worked solutions parity scores.
+# Run 3's first segment got every digit of its work right and lost its place in the problem's
+# list (skipped, repeated operations: docs/k3-mini.md). A CPU fine-tune did not learn the
+# listing in 300 steps; labelling the problem's operations as the steps name them
+# (fastpath.evals.aime, the "numbered" style) fixed the place instead.
 LISTED = "listed"
-# "numbered" changes the problem too: its operations are labelled as the solution labels them
-# ("...: Step 1: add 539; Step 2: multiply by 38; ..."), and each step of the solution names its
-# operation before the value it applies to ("Step 2: multiply by 38, x = 874."), so that fetching
-# operation k is copying what follows the problem's "Step k: " (an induction head's match) rather
-# than counting semicolons. Untried; adopting it would move the problem's labels into
-# fastpath.evals.aime's generator, which the eval documents come from.
-NUMBERED = "numbered"
-STYLES = (*aime.STYLES, LISTED, NUMBERED)
-_OPERATION = re.compile(r"(add|subtract|multiply by) (\d+)")
-_COLUMNS_HEAD = re.compile(r"^Step (\d+): x = (\d+), (add|subtract|multiply by) (\d+)\.$", re.M)
-
-
-def operations(problem: str) -> list[tuple[str, str]]:
-    """A generated AIME-format problem's operations in order: ``[("add", "539"), ...]``."""
-    return _OPERATION.findall(problem.split(": ", 1)[1])
+STYLES = (*aime.STYLES, LISTED)
 
 
 def _listing(row: dict) -> str:
     """The "listed" style's first lines: the problem's operations, numbered, one per line."""
-    ops = operations(row["problem"])
+    ops = aime.operations(row["problem"])
     return "The operations:\n" + "".join(f"{i}. {op} {k}\n" for i, (op, k) in enumerate(ops, 1))
-
-
-def numbered_problem(problem: str) -> str:
-    """The "numbered" style's problem: the same, each operation labelled ``Step k:``."""
-    head, listed = problem.split(": ", 1)
-    tail = listed[listed.index(". "):]  # ". What is the final value of x?"
-    return f"{head}: " + "; ".join(f"Step {i}: {op} {k}" for i, (op, k) in enumerate(operations(problem), 1)) + tail
 
 
 def solution(row: dict, style: str = aime.SOLUTION_STYLE) -> str:
     """``aime.solution`` in any of ``STYLES``."""
-    if style == LISTED:
-        return _listing(row) + aime.solution(row, "columns")
-    if style == NUMBERED:
-        return _COLUMNS_HEAD.sub(r"Step \1: \3 \4, x = \2.", aime.solution(row, "columns"))
-    return aime.solution(row, style)
+    return _listing(row) + aime.solution(row, "columns") if style == LISTED else aime.solution(row, style)
 
 
 def render_aime(tok, row: dict, style: str = aime.SOLUTION_STYLE) -> tuple[list[int], list[int]]:
-    """``sequences.render_aime`` in any of ``STYLES`` (for "listed", the byte tokenizer's ids of
-    the listing, then the columns solution's; for "numbered", its problem and solution)."""
-    if style not in (LISTED, NUMBERED):
+    """``sequences.render_aime`` in any of ``STYLES`` (the byte tokenizer's ids of the listing, then
+    the columns solution's)."""
+    if style != LISTED:
         return sequences.render_aime(tok, row, style)
-    if style == NUMBERED:
-        row = {**row, "problem": numbered_problem(row["problem"])}
     prompt, target = sequences.render_aime(tok, row, "columns")
-    work = tok.encode(aime.solution(row, "columns"), bos=False)
-    return prompt, tok.encode(solution(row, style), bos=False) + target[len(work):]  # + the turn's end
+    return prompt, tok.encode(_listing(row), bos=False) + target
 
 
 def content_hash(text: str) -> str:

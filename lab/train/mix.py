@@ -52,9 +52,9 @@ class Mix:
     kinds: tuple[tuple[str, float], ...] = (("mrcr", 0.4), ("aime", 0.35), ("json", 0.1), ("copy", 0.15))
     context_weight: float = 0.1
     # the worked solutions' style (eval_tasks.STYLES): the first checkpoint, trained on "lines",
-    # got whole products wrong; "columns" works them digit by digit; "listed" numbers the
-    # operations first (run 3 lost its place in the problem's list)
-    aime_style: str = "columns"
+    # got whole products wrong; "columns" works them digit by digit; run 3 lost its place in the
+    # problem's list until "numbered" named each step's operation as the problem labels it
+    aime_style: str = "numbered"
     # each kind's share of the graded tokens' loss weight in a step (renormalised over the kinds
     # the step holds); None weighs every graded token 1, as runs 1 and 2 did
     loss_shares: tuple[tuple[str, float], ...] | None = (("mrcr", 0.3), ("aime", 0.4), ("json", 0.1), ("copy", 0.2))

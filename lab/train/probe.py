@@ -73,7 +73,7 @@ def operations_in_place(got: str, problem: str) -> float:
     """Share of the problem's operations that the generation's step of the same number names
     ("columns", "listed" and "numbered" headers), whatever the values it carries: does it keep its
     place in the problem's list?"""
-    want = eval_tasks.operations(problem)
+    want = aime.operations(problem)
     named = [m.group(3, 4) for m in HEAD.finditer(got)] or [m.group(2, 3) for m in NAMED_HEAD.finditer(got)]
     return sum(g == w for g, w in zip(named, want)) / len(want)
 
