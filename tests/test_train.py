@@ -477,3 +477,34 @@ def test_the_numbered_style_names_each_steps_operation_as_the_problem_labels_it(
     slipped = want.replace(heads[2], heads[2].replace(" ".join(ops[2]), " ".join(ops[3]), 1))
     assert ops[2] != ops[3] and probe.first_wrong_line(slipped, want) == (i, "operation")
     assert probe.operations_in_place(slipped, row["problem"]) == 11 / 12
+
+def test_the_probe_scores_a_tiers_eval_documents_per_bucket():
+    """--eval-documents: a model that answers every held-out document as its worked answer scores
+    1 in each MRCR bucket and solves every AIME problem; one that answers nothing scores 0."""
+    from types import SimpleNamespace
+
+    tok = K3Tokenizer()
+    docs = eval_tasks.eval_documents("smoke")
+    answers = {}
+    for row in docs["mrcr"]:
+        prompt, _ = eval_tasks.render_mrcr(tok, row)
+        answers[tuple(prompt)] = row["answer"]
+    for row in docs["aime25"]:
+        prompt, _ = eval_tasks.render_aime(tok, row)
+        answers[tuple(prompt)] = aime.solution(row)
+
+    class Answering:
+        def __init__(self, right):
+            self.right = right
+
+        def generate(self, requests):
+            return [SimpleNamespace(text=answers[tuple(r.prompt_ids)] if self.right else "") for r in requests]
+
+    right = probe.probe_eval_documents(Answering(True), tok, "smoke", aime.SOLUTION_STYLE, 32768, say=lambda s: None)
+    buckets = {mrcr.bucket_of(len(eval_tasks.render_mrcr(tok, row)[0])) for row in docs["mrcr"]}
+    assert {k for k in right if k.startswith("mrcr_")} == {f"mrcr_{b}" for b in buckets} and len(buckets) == 2
+    assert all(v["score"] == 1.0 for k, v in right.items() if k.startswith("mrcr_"))
+    assert right["aime25"]["exact"] == len(docs["aime25"]) and right["aime25"]["operations_in_place"] == 1.0
+    wrong = probe.probe_eval_documents(Answering(False), tok, "smoke", aime.SOLUTION_STYLE, 1024, say=lambda s: None)
+    assert [k for k in wrong if k.startswith("mrcr_")] == ["mrcr_512"] and wrong["mrcr_512"]["score"] == 0.0
+    assert wrong["aime25"]["exact"] == 0

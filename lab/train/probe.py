@@ -13,6 +13,10 @@ Greedy generations of the standard path on documents no training step or eval dr
 
 Runs on CPU (the trained config: ``--n 4`` in ~20 s on 2 cores) and on the GPU after a training run, so a
 run's return says what it learnt, not only its loss.
+
+``--eval-documents TIER`` scores the evals suite's own held-out documents of a tier instead (MRCR
+per bucket, AIME), rendered and graded as above: a preview of what the tier's evals will see,
+on this machine's standard path, not the suite's run (no fast path, no lm-eval, no statistics).
 """
 
 from __future__ import annotations
@@ -142,6 +146,30 @@ def probe(model, tok, n: int, aime_style: str, mrcr_tokens=(400, 2000), aime_ste
     return out
 
 
+def probe_eval_documents(model, tok, tier: str, aime_style: str, max_tokens: int, say=print) -> dict:
+    """MRCR per bucket (up to ``max_tokens``) and AIME on the evals suite's documents of ``tier``."""
+    docs, out = eval_tasks.eval_documents(tier), {}
+    buckets = collections.defaultdict(list)
+    for row in docs["mrcr"]:
+        rendered = eval_tasks.render_mrcr(tok, row)
+        buckets[mrcr.bucket_of(len(rendered[0]))].append((row, rendered))
+    for bucket in sorted(b for b in buckets if b <= max_tokens):
+        rows, rendered = zip(*buckets[bucket])
+        texts = _generate(model, list(rendered), 8)
+        scores = [mrcr.grade(t, r["answer"], r["random_string_to_prepend"]) for t, r in zip(texts, rows)]
+        out[f"mrcr_{bucket}"] = {"docs": len(rows), "score": round(sum(scores) / len(rows), 3)}
+        say(f"{tier} mrcr bucket {bucket}: {json.dumps(out[f'mrcr_{bucket}'])}")
+    rows = docs["aime25"]
+    rendered = [eval_tasks.render_aime(tok, row, aime_style) for row in rows]
+    texts = _generate(model, rendered, 32)
+    exact = sum(t.strip().endswith(f"\\boxed{{{r['answer']}}}.") for t, r in zip(texts, rows))
+    out["aime25"] = {"docs": len(rows), "exact": exact, "mean_target_tokens": round(
+        sum(len(t) for _, t in rendered) / len(rows)), "operations_in_place": round(
+        sum(operations_in_place(t, r["problem"]) for t, r in zip(texts, rows)) / len(rows), 3)}
+    say(f"{tier} aime25: {json.dumps(out['aime25'])}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("weights", help="a safetensors file lab.train.export wrote (or the committed checkpoint)")
@@ -153,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mrcr-tokens", default="400,2000",
                     help="the MRCR conversation sizes to probe, in tokens, comma-separated (the full tier's "
                          "buckets reach 32768)")
+    ap.add_argument("--eval-documents", choices=eval_tasks.TIERS, default=None,
+                    help="score the evals suite's documents of this tier instead of probe documents")
+    ap.add_argument("--max-tokens", type=int, default=32768,
+                    help="with --eval-documents: the largest MRCR bucket to score")
     args = ap.parse_args(argv)
 
     from lab.train import checkpoint
@@ -170,9 +202,12 @@ def main(argv: list[str] | None = None) -> int:
                             standard_compile="off")  # no Inductor compile inside a training command's minute
     model = engine.load("standard")
     t0 = time.monotonic()
-    summary = probe(model, model.tokenizer, args.n, style, aime_steps=args.aime_steps,
-                    mrcr_tokens=tuple(int(x) for x in args.mrcr_tokens.split(",")),
-                    say=lambda s: print(s, flush=True))
+    say = lambda s: print(s, flush=True)  # noqa: E731
+    if args.eval_documents:
+        summary = probe_eval_documents(model, model.tokenizer, args.eval_documents, style, args.max_tokens, say)
+    else:
+        summary = probe(model, model.tokenizer, args.n, style, aime_steps=args.aime_steps,
+                        mrcr_tokens=tuple(int(x) for x in args.mrcr_tokens.split(",")), say=say)
     summary.update(weights=args.weights, sha256=digest, seconds=round(time.monotonic() - t0, 1))
     if args.out:
         with open(args.out, "w") as f:
