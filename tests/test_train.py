@@ -14,7 +14,7 @@ import torch
 from fastpath.evals import aime, mrcr
 from lab.train import checkpoint, copy_tasks, eval_tasks, json_tasks, probe
 from lab.train.loop import TrainConfig, _Batches, make_optimizer, train
-from lab.train.mix import KINDS, Mix, make_batch
+from lab.train.mix import KINDS, Mix, make_batch, parse_kinds
 from lab.train.trainable import TrainableK3
 from optimized_model.k3.config import get_config
 from optimized_model.k3.tokenizer import K3Tokenizer
@@ -251,7 +251,7 @@ def test_export_writes_the_file_the_engine_loads(tmp_path, capsys, one_torch_thr
         assert export.main([str(tmp_path / "state"), str(tmp_path / f"again-{again}.safetensors")]) == 0
         assert digest in capsys.readouterr().out
     meta = checkpoint.export_meta(tmp_path / "tiny.safetensors")
-    assert (meta["config"], meta["step"], meta["aime_style"]) == ("tiny", 1, "columns")
+    assert (meta["config"], meta["step"], meta["aime_style"]) == ("tiny", 1, Mix().aime_style)
 
 
 def test_the_curriculum_starts_mrcr_on_short_rows_then_moves_to_the_long_table():
@@ -435,13 +435,13 @@ def test_the_probe_counts_the_operations_each_step_names_in_its_place():
 def test_a_cpu_trial_trains_the_named_kinds_on_one_row_length(tmp_path, capsys, one_torch_thread):
     from lab.train import cpu_trial
 
-    assert cpu_trial.parse_kinds("mrcr=0.4,copy=0.6") == (("mrcr", 0.4), ("copy", 0.6))
+    assert parse_kinds("mrcr=0.4,copy=0.6") == (("mrcr", 0.4), ("copy", 0.6))
     with pytest.raises(SystemExit, match="KIND=WEIGHT"):
-        cpu_trial.parse_kinds("poems=1")
+        parse_kinds("poems=1")
     with pytest.raises(SystemExit, match="KIND=WEIGHT"):
-        cpu_trial.parse_kinds("copy=lots")
+        parse_kinds("copy=lots")
     with pytest.raises(SystemExit, match="--shares 'copy=-1'"):
-        cpu_trial.parse_kinds("copy=-1", "--shares")
+        parse_kinds("copy=-1", "--shares")
     assert cpu_trial.main(["--kinds", "copy=1", "--shares", "copy=1,mrcr=0.5", "--row", "512",
                            "--tokens-per-step", "1024", "--steps", "3", "--copy-steps", "2", "--threads", "1",
                            "--out", str(tmp_path)]) == 0
@@ -508,3 +508,28 @@ def test_the_probe_scores_a_tiers_eval_documents_per_bucket():
     wrong = probe.probe_eval_documents(Answering(False), tok, "smoke", aime.SOLUTION_STYLE, 1024, say=lambda s: None)
     assert [k for k in wrong if k.startswith("mrcr_")] == ["mrcr_512"] and wrong["mrcr_512"]["score"] == 0.0
     assert wrong["aime25"]["exact"] == 0
+
+
+def test_an_ordinal_copy_task_asks_for_one_of_several_texts_of_a_heading_by_its_place():
+    for seed in range(50):
+        prompt, answer = copy_tasks.ordinal_pair(seed)
+        assert copy_tasks.ordinal_pair(seed) == (prompt, answer)
+        heading = answer.split("\n", 1)[0]  # "Poem about owls:"
+        m = re.search(r"Repeat the (\d+)(st|nd|rd|th) \(1 indexed\) (.+) exactly\.$", prompt)
+        assert m and f"{m[3][0].upper()}{m[3][1:]}:" == heading
+        texts = prompt.split("\n\n")[1:-1]
+        same = [t for t in texts if t.split("\n", 1)[0] == heading]
+        assert 2 <= len(same) <= copy_tasks.MAX_SAME and same[int(m[1]) - 1] == answer
+        assert prompt.startswith(f"Here are {len(texts)} texts.")
+
+
+def test_a_mix_asks_that_share_of_its_copy_tasks_by_place():
+    tok = K3Tokenizer()
+    mix = dataclasses.replace(TINY_MIX, kinds=(("copy", 1.0),), copy_ordinal=0.5)
+    text = "".join(tok.decode(make_batch(mix, step, tok).tokens[0].tolist()) for step in range(6))
+    plain = "".join(tok.decode(make_batch(dataclasses.replace(mix, copy_ordinal=0.0), step, tok).tokens[0].tolist())
+                    for step in range(6))
+    assert "(1 indexed)" in text and "(1 indexed)" not in plain
+    saved = TrainConfig().to_json()
+    del saved["mix"]["copy_ordinal"]
+    assert TrainConfig.from_json(saved).mix.copy_ordinal == 0.0 == Mix().copy_ordinal

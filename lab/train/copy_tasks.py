@@ -11,7 +11,13 @@ back verbatim:
     assistant:  <that text>
 
 With one text it is plain copying; with more, the model must also find the text by its heading,
-as MRCR's final ask makes it do.
+as MRCR's final ask makes it do. An ordinal task (``ordinal_pair``) lists two to MAX_SAME texts
+under one heading among others and asks for one of them by its place, in MRCR's words:
+
+    user:       Here are 6 texts.\n\n...\n\nRepeat the 3rd (1 indexed) poem about owls exactly.
+
+Run 3's MRCR losses were all of that kind: the answer copied whole, from another message of the
+requested heading (docs/k3-mini.md, "Run 3, second and third segments").
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import random
 from fastpath.evals import mrcr
 
 MAX_TEXTS = 4
+MAX_SAME, MAX_OTHERS = 6, 2  # an ordinal task's texts of the asked heading, and of others
 
 
 def copy_pair(seed: int, words: tuple[int, int] = (3, 24)) -> tuple[str, str]:
@@ -34,3 +41,19 @@ def copy_pair(seed: int, words: tuple[int, int] = (3, 24)) -> tuple[str, str]:
     listed = "\n\n".join(texts)
     head = "Here is 1 text." if n == 1 else f"Here are {n} texts."
     return f"{head}\n\n{listed}\n\nRepeat the {fmt} about {topic} exactly.", texts[k]
+
+
+def ordinal_pair(seed: int, words: tuple[int, int] = (3, 16)) -> tuple[str, str]:
+    """(prompt text, answer text) of one ordinal copy task, seeded."""
+    rng = random.Random(f"copy-ordinal/{seed}")
+    headings = rng.sample([(f, t) for f in mrcr.FORMATS for t in mrcr.TOPICS], 1 + MAX_OTHERS)
+    fmt, topic = headings[0]
+    same = rng.randint(2, MAX_SAME)
+    order = [0] * same + [rng.randint(1, MAX_OTHERS) for _ in range(rng.randint(0, MAX_OTHERS))]
+    rng.shuffle(order)
+    texts = [mrcr.answer_text(rng, *headings[h], rng.randint(*words)) for h in order]
+    k = rng.randint(1, same)
+    answer = [t for h, t in zip(order, texts) if h == 0][k - 1]
+    listed = "\n\n".join(texts)
+    return (f"Here are {len(texts)} texts.\n\n{listed}\n\nRepeat the {mrcr.ordinal(k)} (1 indexed) {fmt} about "
+            f"{topic} exactly.", answer)

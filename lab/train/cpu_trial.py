@@ -22,27 +22,9 @@ import argparse
 import time
 
 
-def parse_kinds(text: str, flag: str = "--kinds") -> tuple[tuple[str, float], ...]:
-    """``"copy=1"`` or ``"mrcr=0.4,aime=0.35,json=0.1,copy=0.15"`` as Mix.kinds (or loss_shares:
-    ``flag`` names the option in the error)."""
-    from lab.train.mix import KINDS
-
-    kinds = []
-    for part in text.split(","):
-        name, _, weight = part.partition("=")
-        try:
-            w = float(weight)
-        except ValueError:
-            w = -1.0
-        if name not in KINDS or w < 0:
-            raise SystemExit(f"cpu_trial: {flag} {text!r}: each part is KIND=WEIGHT, KIND one of "
-                             f"{', '.join(KINDS)} and WEIGHT a number >= 0")
-        kinds.append((name, w))
-    return tuple(kinds)
-
-
 def main(argv: list[str] | None = None) -> int:
     from lab.train.eval_tasks import STYLES
+    from lab.train.mix import parse_kinds
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="tiny", help="tiny (~5k tokens/s on 2 cores) or trained (~1k tokens/s)")

@@ -52,6 +52,7 @@ class TrainConfig:
         mix.setdefault("aime_style", "lines")  # a state saved before the styles trained on "lines"
         mix.setdefault("loss_shares", None)  # and one saved before the shares weighed each graded token 1
         mix.setdefault("copy_steps", 0)  # and one saved before the copy-first steps had none
+        mix.setdefault("copy_ordinal", 0.0)  # and one saved before the ordinal copy tasks had none
         mix = Mix(**{k: tuple(tuple(x) for x in v) if isinstance(v, list) else v for k, v in mix.items()})
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}, mix=mix)
 

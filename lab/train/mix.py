@@ -46,6 +46,9 @@ class Mix:
     # after ~4-5 M tokens of copy rows alone, and not within 7-8 M tokens of a mix, whatever copy's
     # loss share (docs/k3-mini.md, the CPU trials), so the circuit is formed before the mix
     copy_steps: int = 200
+    # the share of copy tasks that ask for a text by its place among texts of one heading
+    # (copy_tasks.ordinal_pair), as MRCR does; runs 1-3 had none
+    copy_ordinal: float = 0.0
     short_lengths: tuple[tuple[int, float], ...] = ((512, 0.3), (1024, 0.4), (2048, 0.3))
     # row kinds and their probabilities
     # copy rows (copy_tasks.py) teach the copying MRCR grades, which MRCR rows alone did not
@@ -99,7 +102,7 @@ def _seed(mix: Mix, step: int, row: int, attempt: int) -> int:
     return eval_tasks.TRAIN_SEED_BASE + ((mix.seed * 1_000_003 + step) * 4096 + row) * 64 + attempt
 
 
-def _document(kind: str, tok, seed: int, room: int, aime_style: str):
+def _document(kind: str, tok, seed: int, room: int, aime_style: str, copy_ordinal: float = 0.0):
     """(prompt ids, target ids, content hash) of one document of ``kind``, or None if it is
     held out or does not fit ``room`` tokens."""
     if kind == "aime":
@@ -118,7 +121,8 @@ def _document(kind: str, tok, seed: int, room: int, aime_style: str):
             p, t = eval_tasks.render_chat(tok, *json_tasks.record_pair(seed))
         h = eval_tasks.content_hash(tok.decode(p))
     elif kind == "copy":
-        p, t = eval_tasks.render_chat(tok, *copy_tasks.copy_pair(seed))
+        ordinal = copy_ordinal and random.Random(f"copy-kind/{seed}").random() < copy_ordinal
+        p, t = eval_tasks.render_chat(tok, *(copy_tasks.ordinal_pair if ordinal else copy_tasks.copy_pair)(seed))
         h = eval_tasks.content_hash(tok.decode(p))
     else:
         # the prompt fills 60-95 % of the row, less the longest answer
@@ -129,6 +133,23 @@ def _document(kind: str, tok, seed: int, room: int, aime_style: str):
     if h in eval_tasks.heldout_hashes() or len(p) + len(t) > room:
         return None
     return p, t, h
+
+
+def parse_kinds(text: str, flag: str = "--kinds") -> tuple[tuple[str, float], ...]:
+    """``"copy=1"`` or ``"mrcr=0.4,aime=0.35,json=0.1,copy=0.15"`` as Mix.kinds (or loss_shares:
+    ``flag`` names the option in the error)."""
+    kinds = []
+    for part in text.split(","):
+        name, _, weight = part.partition("=")
+        try:
+            w = float(weight)
+        except ValueError:
+            w = -1.0
+        if name not in KINDS or w < 0:
+            raise SystemExit(f"{flag} {text!r}: each part is KIND=WEIGHT, KIND one of "
+                             f"{', '.join(KINDS)} and WEIGHT a number >= 0")
+        kinds.append((name, w))
+    return tuple(kinds)
 
 
 def lengths_at(mix: Mix, step: int) -> tuple[tuple[int, float], ...]:
@@ -154,7 +175,8 @@ def make_batch(mix: Mix, step: int, tok=None) -> Batch:
         kind = _choice(rng, kinds_at(mix, step))
         row = _Row(T, kind)
         for attempt in range(64):
-            doc = _document(kind, tok, _seed(mix, step, r, attempt), T - len(row.ids), mix.aime_style)
+            doc = _document(kind, tok, _seed(mix, step, r, attempt), T - len(row.ids), mix.aime_style,
+                            mix.copy_ordinal)
             if doc is None:
                 if kind == "mrcr" or not row.ids:
                     continue  # a held-out or oversized document: draw the next seed

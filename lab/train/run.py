@@ -5,7 +5,8 @@ inside ``--budget`` seconds; the state shards (checkpoint.py) and ``train-log.js
 ``--out`` at the end (and every ``--save-every`` seconds on the way). ``--resume DIR`` continues
 from the files a previous run returned. The first run sets the schedule (``--total-train-s``:
 the training seconds every run together will have) and the data mix; a resumed run keeps them,
-except what ``--aime-style`` and ``--total-train-s`` change from its step on.
+except what ``--aime-style``, ``--copy-ordinal``, ``--loss-shares`` and ``--total-train-s`` change
+from its step on.
 On the GPU, Triton's autotuning results travel too (``autotune.tar.gz``, autotune_cache.py).
 lab/train/h200.sh runs this on the H200.
 """
@@ -98,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--aime-style", default=None, choices=eval_tasks.STYLES,
                     help="the AIME solutions' style (default: Mix's for a fresh run, the state's for a resumed "
                          "one); on --resume it changes the data from the state's step on")
+    ap.add_argument("--copy-ordinal", type=float, default=None,
+                    help="the share of copy tasks that ask for a text by its place (Mix.copy_ordinal); on "
+                         "--resume it changes the data from the state's step on")
+    ap.add_argument("--loss-shares", default=None,
+                    help="KIND=SHARE,... of the graded loss (Mix.loss_shares); on --resume from the state's step on")
     ap.add_argument("--moe-backend", choices=("grouped", "loop", "auto"), default="auto")
     ap.add_argument("--autotune", default=None,
                     help="an autotune.tar.gz to restore before the first step (default: the --resume folder's); "
@@ -108,12 +114,14 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from lab.train.loop import TrainConfig, train
-    from lab.train.mix import Mix
+    from lab.train.mix import Mix, parse_kinds
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
     mix = Mix() if args.tokens_per_step is None else Mix(tokens_per_step=args.tokens_per_step)
-    changes = {"aime_style": args.aime_style} if args.aime_style else {}
+    changes = {k: v for k, v in (("aime_style", args.aime_style), ("copy_ordinal", args.copy_ordinal),
+                                 ("loss_shares", args.loss_shares and parse_kinds(args.loss_shares, "--loss-shares")))
+               if v is not None}
     if not args.resume:  # a fresh run's mix is its own; a resumed one keeps the state's but these
         mix, changes = dataclasses.replace(mix, **changes), {}
     tc = TrainConfig(config=args.config, total_train_s=args.total_train_s or 900.0, save_every_s=args.save_every,
