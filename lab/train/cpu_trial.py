@@ -37,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--shares", default=None, help="KIND=SHARE,... of the graded loss (default: Mix.loss_shares)")
     ap.add_argument("--no-shares", action="store_true", help="weigh every graded token 1 (no Mix.loss_shares)")
-    ap.add_argument("--aime-style", default="columns", choices=STYLES, help="the AIME solutions' style")
+    ap.add_argument("--aime-style", default="numbered", choices=STYLES, help="the AIME solutions' style")
+    ap.add_argument("--copy-ordinal", type=float, default=0.0,
+                    help="the share of copy tasks that ask for a text by its place (Mix.copy_ordinal)")
     ap.add_argument("--init-from", default=None,
                     help="a state folder whose weights the trial starts from (a fine-tune; its optimizer is fresh)")
     ap.add_argument("--threads", type=int, default=2)
@@ -55,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     mix = Mix(tokens_per_step=args.tokens_per_step, short_steps=0, copy_steps=args.copy_steps,
-              lengths=((args.row, 1.0),), kinds=kinds, aime_style=args.aime_style, **shares)
+              lengths=((args.row, 1.0),), kinds=kinds, aime_style=args.aime_style,
+              copy_ordinal=args.copy_ordinal, **shares)
     tc = TrainConfig(config=args.config, lr=args.lr, warmup_steps=50, min_lr_frac=1.0, total_train_s=1.0,
                      save_every_s=600.0, mix=mix)
     t0 = time.monotonic()

@@ -9,7 +9,8 @@ Greedy generations of the standard path on documents no training step or eval dr
 * AIME-format problems: exact match, the first wrong line of the worked solution and what made
   it wrong (the carried value, the operation read from the problem, or the arithmetic), and the
   share of operations each step names in its place;
-* copy tasks (copy_tasks.py): exact copies.
+* copy tasks (copy_tasks.py): exact copies, of a text named by its heading and of one named by
+  its place among texts of one heading (MRCR's "the 3rd poem about owls").
 
 Runs on CPU (the trained config: ``--n 4`` in ~20 s on 2 cores) and on the GPU after a training run, so a
 run's return says what it learnt, not only its loss.
@@ -142,6 +143,9 @@ def probe(model, tok, n: int, aime_style: str, mrcr_tokens=(400, 2000), aime_ste
     pairs = [copy_tasks.copy_pair(PROBE_SEED_BASE + i) for i in range(n)]
     texts = _generate(model, [eval_tasks.render_chat(tok, *pair) for pair in pairs], 8)
     out["copy"] = {"exact": sum(text == answer for text, (_, answer) in zip(texts, pairs)) / n}
+    pairs = [copy_tasks.ordinal_pair(PROBE_SEED_BASE + i) for i in range(n)]  # by its place: MRCR's failure
+    texts = _generate(model, [eval_tasks.render_chat(tok, *pair) for pair in pairs], 8)
+    out["copy"]["ordinal_exact"] = sum(text == answer for text, (_, answer) in zip(texts, pairs)) / n
     say(f"copy: {json.dumps(out['copy'])}")
     return out
 

@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     mix = Mix() if args.tokens_per_step is None else Mix(tokens_per_step=args.tokens_per_step)
     changes = {k: v for k, v in (("aime_style", args.aime_style), ("copy_ordinal", args.copy_ordinal),
-                                 ("loss_shares", args.loss_shares and parse_kinds(args.loss_shares, "--loss-shares")))
+                                 ("loss_shares", None if args.loss_shares is None
+                                                 else parse_kinds(args.loss_shares, "--loss-shares")))
                if v is not None}
     if not args.resume:  # a fresh run's mix is its own; a resumed one keeps the state's but these
         mix, changes = dataclasses.replace(mix, **changes), {}
