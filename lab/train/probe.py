@@ -108,6 +108,17 @@ def _generate(model, rendered: list[tuple[list[int], list[int]]], extra: int) ->
 AIME_PROBE_STEPS = {"lines": 24, "columns": 8, "listed": 8, "numbered": 8}
 
 
+def _solved(text: str, row: dict) -> bool:
+    """Does a generation end in the AIME row's boxed answer?"""
+    return text.strip().endswith(f"\\boxed{{{row['answer']}}}.")
+
+
+def _copied_exactly(model, tok, pairs: list[tuple[str, str]]) -> float:
+    """Share of copy tasks (prompt, answer) whose greedy answer is the text, exactly."""
+    texts = _generate(model, [eval_tasks.render_chat(tok, *pair) for pair in pairs], 8)
+    return sum(text == answer for text, (_, answer) in zip(texts, pairs)) / len(pairs)
+
+
 def probe(model, tok, n: int, aime_style: str, mrcr_tokens=(400, 2000), aime_steps: int | None = None,
           say=print) -> dict:
     aime_steps = aime_steps or AIME_PROBE_STEPS[aime_style]
@@ -130,7 +141,7 @@ def probe(model, tok, n: int, aime_style: str, mrcr_tokens=(400, 2000), aime_ste
     texts = _generate(model, [eval_tasks.render_aime(tok, row, aime_style) for row in rows], 32)
     for row, text in zip(rows, texts):
         want = eval_tasks.solution(row, aime_style)
-        exact += text.strip().endswith(f"\\boxed{{{row['answer']}}}.")
+        exact += _solved(text, row)
         wrong = first_wrong_line(text, want)
         reached.append(len(want.splitlines()) if wrong is None else wrong[0])
         causes[wrong[1] if wrong else "none"] += 1
@@ -140,12 +151,10 @@ def probe(model, tok, n: int, aime_style: str, mrcr_tokens=(400, 2000), aime_ste
     if aime_style != "lines":
         out["aime"]["operations_in_place"] = round(sum(in_place) / n, 3)
     say(f"aime {aime_steps} steps: {json.dumps(out['aime'])}")
-    pairs = [copy_tasks.copy_pair(PROBE_SEED_BASE + i) for i in range(n)]
-    texts = _generate(model, [eval_tasks.render_chat(tok, *pair) for pair in pairs], 8)
-    out["copy"] = {"exact": sum(text == answer for text, (_, answer) in zip(texts, pairs)) / n}
-    pairs = [copy_tasks.ordinal_pair(PROBE_SEED_BASE + i) for i in range(n)]  # by its place: MRCR's failure
-    texts = _generate(model, [eval_tasks.render_chat(tok, *pair) for pair in pairs], 8)
-    out["copy"]["ordinal_exact"] = sum(text == answer for text, (_, answer) in zip(texts, pairs)) / n
+    out["copy"] = {"exact": _copied_exactly(model, tok, [copy_tasks.copy_pair(PROBE_SEED_BASE + i) for i in range(n)]),
+                   # by its place among texts of one heading: MRCR's failure
+                   "ordinal_exact": _copied_exactly(model, tok, [copy_tasks.ordinal_pair(PROBE_SEED_BASE + i)
+                                                                 for i in range(n)])}
     say(f"copy: {json.dumps(out['copy'])}")
     return out
 
@@ -166,7 +175,7 @@ def probe_eval_documents(model, tok, tier: str, aime_style: str, max_tokens: int
     rows = docs["aime25"]
     rendered = [eval_tasks.render_aime(tok, row, aime_style) for row in rows]
     texts = _generate(model, rendered, 32)
-    exact = sum(t.strip().endswith(f"\\boxed{{{r['answer']}}}.") for t, r in zip(texts, rows))
+    exact = sum(_solved(t, r) for t, r in zip(texts, rows))
     out["aime25"] = {"docs": len(rows), "exact": exact, "mean_target_tokens": round(
         sum(len(t) for _, t in rendered) / len(rows)), "operations_in_place": round(
         sum(operations_in_place(t, r["problem"]) for t, r in zip(texts, rows)) / len(rows), 3)}

@@ -125,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
                if v is not None}
     if not args.resume:  # a fresh run's mix is its own; a resumed one keeps the state's but these
         mix, changes = dataclasses.replace(mix, **changes), {}
-    tc = TrainConfig(config=args.config, total_train_s=args.total_train_s or 900.0, save_every_s=args.save_every,
-                     mix=mix)
+    tc = TrainConfig(config=args.config, total_train_s=args.total_train_s or TrainConfig.total_train_s,
+                     save_every_s=args.save_every, mix=mix)
     if args.lr is not None:
         tc.lr = args.lr
     archive = args.autotune or (Path(args.resume) / autotune_cache.ARCHIVE if args.resume else None)
