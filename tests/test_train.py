@@ -108,6 +108,74 @@ def test_a_trial_starts_from_a_states_weights_with_a_fresh_optimizer(tmp_path, o
     assert all(float(trial[k].abs().max()) == 0.0 for k in trial if k.startswith(("m/", "v/")))
 
 
+def test_a_fine_tune_starts_from_the_engines_weights_file_when_the_state_is_gone(tmp_path, capsys, one_torch_thread):
+    from lab.train import export
+
+    _train(tmp_path / "state", 1)
+    assert export.main([str(tmp_path / "state"), str(tmp_path / "w.safetensors")]) == 0
+    said = []
+    train(_tc(), device="cpu", out_dir=tmp_path / "ft", deadline=time.monotonic() + 600,
+          compute_dtype=torch.float32, moe_backend="loop", max_steps=0, say=said.append,
+          init_from=tmp_path / "w.safetensors")
+    start, _ = checkpoint.load_state(tmp_path / "state")
+    ft, meta = checkpoint.load_state(tmp_path / "ft")
+    assert any("(step 1); a fresh optimizer, step 0" in s for s in said)
+    assert meta["runs"][-1]["init_from"] == {"path": str(tmp_path / "w.safetensors"), "step": 1}
+    # the file's bf16 weights upcast; the router and its bias, kept fp32 in the file, exactly
+    assert torch.equal(ft["w/lm_head"], start["w/lm_head"].to(torch.bfloat16).float())
+    assert not torch.equal(ft["w/lm_head"], start["w/lm_head"])
+    assert torch.equal(ft["w/L1.router_bias"], start["w/L1.router_bias"])
+    with pytest.raises(SystemExit, match="lacks .* of the trained config's weights"):
+        train(dataclasses.replace(_tc(), config="trained"), device="cpu", out_dir=tmp_path / "bad",
+              deadline=time.monotonic() + 600, compute_dtype=torch.float32, moe_backend="loop", max_steps=0,
+              say=said.append, init_from=tmp_path / "w.safetensors")
+
+
+def test_a_run_fine_tunes_the_committed_weights_without_the_curriculum(tmp_path, monkeypatch, one_torch_thread):
+    from lab.train import run
+
+    monkeypatch.setenv("TRITON_CACHE_AUTOTUNING", "1")  # run.main sets it for the process; undone after
+
+    with pytest.raises(SystemExit, match="--resume and --init-from exclude each other"):
+        run.main(["--resume", str(tmp_path), "--init-from", str(tmp_path / "w.safetensors")])
+    weights = "optimized_model/k3/checkpoints/trained.safetensors"
+    assert run.main(["--init-from", weights, "--device", "cpu", "--workers", "0", "--budget", "0",
+                     "--lr", "2e-4", "--copy-ordinal", "0.5", "--out", str(tmp_path / "ft")]) == 0
+    _, meta = checkpoint.load_state(tmp_path / "ft")
+    mix = meta["train_config"]["mix"]
+    assert (meta["step"], mix["short_steps"], mix["copy_steps"], mix["copy_ordinal"]) == (0, 0, 0, 0.5)
+    assert meta["runs"][-1]["init_from"] == {"path": weights, "step": 5287}
+    assert meta["train_config"]["lr"] == 2e-4
+
+
+def test_the_cpus_mixers_recompute_in_the_backward_to_the_same_gradients(monkeypatch, one_torch_thread):
+    from optimized_model.k3.model import K3Model
+
+    def grads():
+        m = TrainableK3.create(get_config("tiny"), device="cpu", compute_dtype=torch.float32, moe_backend="loop")
+        b = make_batch(TINY_MIX, 3, K3Tokenizer())
+        loss, _ = m.loss(b.tokens[:, :256], b.lengths.clamp(max=256), b.weights[:, :256])
+        loss.backward()
+        return {n: p.grad.clone() for n, p in m.trainable_parameters().items()}
+
+    calls, states = [], []
+    real = torch.utils.checkpoint.checkpoint
+    monkeypatch.setattr(torch.utils.checkpoint, "checkpoint", lambda *a, **k: calls.append(1) or real(*a, **k))
+    new_state = TrainableK3.new_state
+    monkeypatch.setattr(TrainableK3, "new_state", lambda self, *a: states.append(new_state(self, *a)) or states[-1])
+    recomputed = grads()
+    # no graph in the step's state: one there kept each step's activations alive (+4 GB a step)
+    assert states and all(t.grad_fn is None for t in states[0].tensors())
+    monkeypatch.setattr(TrainableK3, "new_state", new_state)
+    cfg = get_config("tiny")
+    assert len(calls) == cfg.n_layers, "not every mixer ran under activation checkpointing"
+    monkeypatch.setattr(TrainableK3, "kda_prefill", K3Model.kda_prefill)
+    monkeypatch.setattr(TrainableK3, "mla_prefill", K3Model.mla_prefill)
+    kept = grads()
+    for name, g in kept.items():
+        torch.testing.assert_close(recomputed[name], g, rtol=1e-5, atol=1e-7, msg=name)
+
+
 def test_the_trained_state_fits_what_a_gpu_run_returns(tmp_path):
     m = TrainableK3.create(get_config("trained"), device="cpu", compute_dtype=torch.float32, moe_backend="loop")
     opt = make_optimizer(m, _tc())
@@ -452,6 +520,22 @@ def test_a_cpu_trial_trains_the_named_kinds_on_one_row_length(tmp_path, capsys, 
     assert meta["train_config"]["mix"]["loss_shares"] == [["copy", 1.0], ["mrcr", 0.5]]
     assert meta["train_config"]["mix"]["copy_steps"] == 2
     assert "3 steps" in capsys.readouterr().out
+
+
+def test_a_cpu_trial_draws_its_row_lengths_from_a_table(tmp_path, one_torch_thread):
+    from lab.train import cpu_trial
+    from lab.train.mix import parse_lengths
+
+    assert parse_lengths("512=0.5,1024=0.5") == ((512, 0.5), (1024, 0.5))
+    for bad in ("512", "512=x", "32=1", "512=-1"):
+        with pytest.raises(SystemExit, match="TOKENS=SHARE"):
+            parse_lengths(bad)
+    assert cpu_trial.main(["--kinds", "copy=1", "--lengths", "256=1,512=1", "--tokens-per-step", "256",
+                           "--steps", "6", "--threads", "1", "--out", str(tmp_path)]) == 0
+    _, meta = checkpoint.load_state(tmp_path)
+    assert meta["train_config"]["mix"]["lengths"] == [[256, 1.0], [512, 1.0]]
+    mix = TrainConfig.from_json(meta["train_config"]).mix
+    assert {make_batch(mix, step).tokens.shape for step in range(12)} == {(1, 256), (1, 512)}  # a long row alone
 
 
 def test_the_numbered_style_names_each_steps_operation_as_the_problem_labels_it():

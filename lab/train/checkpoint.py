@@ -89,6 +89,19 @@ def load_state(src_dir: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
     return tensors, meta
 
 
+def load_weights(src: str | Path) -> tuple[dict[str, torch.Tensor], int]:
+    """(fp32 master weights by name, their training step) from a state folder or from the engine's
+    weights file (``export_weights``: bf16 weights upcast, the state's optimizer is not in it), so a
+    fine-tune can start from the committed checkpoint when its training state is gone."""
+    src = Path(src)
+    if src.is_file():
+        with safe_open(str(src), "pt") as f:
+            tensors = {k: f.get_tensor(k).float() for k in f.keys()}
+        return tensors, int(export_meta(src).get("step", 0))
+    tensors, meta = load_state(src)
+    return {k[2:]: t for k, t in tensors.items() if k.startswith("w/")}, int(meta["step"])
+
+
 def restore(model, optimizer, tensors: dict[str, torch.Tensor], step: int) -> None:
     """Put saved master weights, biases and AdamW moments back into ``model`` / ``optimizer``."""
     with torch.no_grad():

@@ -24,12 +24,15 @@ import time
 
 def main(argv: list[str] | None = None) -> int:
     from lab.train.eval_tasks import STYLES
-    from lab.train.mix import parse_kinds
+    from lab.train.mix import parse_kinds, parse_lengths
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="tiny", help="tiny (~5k tokens/s on 2 cores) or trained (~1k tokens/s)")
     ap.add_argument("--kinds", default="copy=1", help="KIND=WEIGHT,... (row kinds and their probabilities)")
     ap.add_argument("--row", type=int, default=512, help="tokens a row")
+    ap.add_argument("--lengths", default=None,
+                    help="ROW=SHARE,... row lengths and their shares of the tokens (instead of --row); a row "
+                         "longer than --tokens-per-step is one row a step")
     ap.add_argument("--tokens-per-step", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=2500)
     ap.add_argument("--copy-steps", type=int, default=0,
@@ -46,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     kinds = parse_kinds(args.kinds)
+    lengths = parse_lengths(args.lengths) if args.lengths else ((args.row, 1.0),)
     shares = {}
     if args.no_shares or args.shares:
         shares = {"loss_shares": None if args.no_shares else parse_kinds(args.shares, "--shares")}
@@ -57,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     mix = Mix(tokens_per_step=args.tokens_per_step, short_steps=0, copy_steps=args.copy_steps,
-              lengths=((args.row, 1.0),), kinds=kinds, aime_style=args.aime_style,
+              lengths=lengths, kinds=kinds, aime_style=args.aime_style,
               copy_ordinal=args.copy_ordinal, **shares)
     tc = TrainConfig(config=args.config, lr=args.lr, warmup_steps=50, min_lr_frac=1.0, total_train_s=1.0,
                      save_every_s=600.0, mix=mix)

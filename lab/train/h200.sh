@@ -4,6 +4,8 @@
 #   bash lab/train/h200.sh .train/run1     # a later run, from the state the previous one returned
 #   bash lab/train/h200.sh .train/run3 --aime-style listed   # further arguments go to lab.train.run
 #   bash lab/train/h200.sh .train/run3 --total-train-s 1380  # a longer schedule from the state's step on
+#   bash lab/train/h200.sh --init-from optimized_model/k3/checkpoints/trained.safetensors --lr 3e-4
+#                                      # a fine-tune of the committed weights (when their state is gone)
 # Carry `.whl` (fla-core 0.6.0, for chunk_kda's forward and backward) and, for a later run, the
 # folder holding the previous run's state-*.safetensors and train-log.jsonl (e.g. `.train`).
 # $OUT gets state-00..03.safetensors (53 MiB), train-log.jsonl, autotune.tar.gz, probe.json and
@@ -11,8 +13,8 @@
 # lab/train/run.py stops itself inside --budget, so the state is saved before the step's limit;
 # then the probe (lab/train/probe.py) says what the weights can do on the tasks, not only the loss.
 set -u
-resume=${1:-}
-shift || true
+resume=
+if [ -n "${1:-}" ] && [ "${1#--}" = "$1" ]; then resume=$1; shift; fi
 exec bash lab/gpu_steps.sh \
   "train:495:python3 -m lab.train.run --budget 480 --out \$OUT${resume:+ --resume $resume}${*:+ $*}" \
   "probe:90:python3 -m lab.train.export \$OUT /tmp/probe.safetensors && python3 -m lab.train.probe /tmp/probe.safetensors --device cuda --mrcr-tokens 400,2000,8000 --out \$OUT/probe.json"

@@ -134,7 +134,8 @@ def train(tc: TrainConfig, *, device: str, out_dir: str | Path, deadline: float,
     """Train until ``deadline`` (time.monotonic()) or step ``max_steps``; returns the last log record.
     ``mix_changes`` (e.g. ``{"aime_style": "listed"}``) change a resumed run's data from its step on;
     the state and the run's record keep them. ``init_from`` starts a fresh run (step 0, a fresh
-    optimizer) from a state's weights and router biases: a fine-tuning trial. ``schedule_s`` gives a
+    optimizer) from the weights and router biases of a state folder or an exported weights file:
+    a fine-tune. ``schedule_s`` gives a
     resumed run's schedule a new length (total_train_s), from its step on: a longer one raises the
     learning rate again (lr_at)."""
     out_dir = Path(out_dir)
@@ -144,11 +145,15 @@ def train(tc: TrainConfig, *, device: str, out_dir: str | Path, deadline: float,
     opt = make_optimizer(model, tc)
     step, trained_s, history = 0, 0.0, []
     if init_from:
-        tensors, meta = checkpoint.load_state(init_from)
+        weights, from_step = checkpoint.load_weights(init_from)
+        missing = sorted(set(model.master) - set(weights))
+        if missing:
+            raise SystemExit(f"{init_from} lacks {len(missing)} of the {tc.config} config's weights "
+                             f"({', '.join(missing[:3])}...): pass a state or weights file of that config")
         with torch.no_grad():
             for name, t in model.master.items():
-                t.copy_(tensors[f"w/{name}"])
-        say(f"weights from {init_from} (step {meta['step']}); a fresh optimizer, step 0")
+                t.copy_(weights[name])
+        say(f"weights from {init_from} (step {from_step}); a fresh optimizer, step 0")
     if resume:
         tensors, meta = checkpoint.load_state(resume)
         if meta["train_config"] != json.loads(json.dumps(tc.to_json())):
@@ -170,6 +175,8 @@ def train(tc: TrainConfig, *, device: str, out_dir: str | Path, deadline: float,
     out_dir.mkdir(parents=True, exist_ok=True)
     log = open(out_dir / LOG_NAME, "a")
     run = {"start_step": step, "device": device, "started": time.time()}
+    if init_from:
+        run["init_from"] = {"path": str(init_from), "step": from_step}
     if mix_changes:
         run["mix_changes"] = mix_changes
     if schedule_s is not None:

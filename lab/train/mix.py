@@ -152,6 +152,18 @@ def parse_kinds(text: str, flag: str = "--kinds") -> tuple[tuple[str, float], ..
     return tuple(kinds)
 
 
+def parse_lengths(text: str) -> tuple[tuple[int, float], ...]:
+    """``"1024=0.5,16384=0.5"`` as Mix.lengths (row tokens and their shares of the tokens)."""
+    try:
+        lengths = tuple((int(T), float(w)) for T, _, w in (part.partition("=") for part in text.split(",")))
+    except ValueError:
+        lengths = ()
+    if not lengths or any(T < 64 or w < 0 for T, w in lengths):
+        raise SystemExit(f"--lengths {text!r}: each part is TOKENS=SHARE, TOKENS an integer >= 64 and "
+                         "SHARE a number >= 0")
+    return lengths
+
+
 def lengths_at(mix: Mix, step: int) -> tuple[tuple[int, float], ...]:
     """The row-length table of ``step``: the curriculum's short rows first."""
     return mix.short_lengths if step < mix.short_steps else mix.lengths

@@ -3,7 +3,8 @@
 The whole command (imports, the self-check, the data workers, training, the final save) ends
 inside ``--budget`` seconds; the state shards (checkpoint.py) and ``train-log.jsonl`` are in
 ``--out`` at the end (and every ``--save-every`` seconds on the way). ``--resume DIR`` continues
-from the files a previous run returned. The first run sets the schedule (``--total-train-s``:
+from the files a previous run returned; ``--init-from`` fine-tunes weights whose state is gone
+(the committed checkpoint). The first run sets the schedule (``--total-train-s``:
 the training seconds every run together will have) and the data mix; a resumed run keeps them,
 except what ``--aime-style``, ``--copy-ordinal``, ``--loss-shares`` and ``--total-train-s`` change
 from its step on.
@@ -87,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=560.0, help="seconds for the whole command")
     ap.add_argument("--out", default=os.environ.get("OUT", "out/train"))
     ap.add_argument("--resume", default=None, help="folder holding a previous run's state-*.safetensors")
+    ap.add_argument("--init-from", default=None,
+                    help="a fine-tune: a fresh run (step 0, a fresh optimizer, no curriculum) from the weights "
+                         "of a state folder or of the engine's weights file (the committed checkpoint)")
     ap.add_argument("--config", default="trained")
     ap.add_argument("--device", default=None, help="cuda (default where there is one) or cpu")
     ap.add_argument("--total-train-s", type=float, default=None,
@@ -109,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="an autotune.tar.gz to restore before the first step (default: the --resume folder's); "
                          "a fresh run on a fresh machine otherwise autotunes fla's kernels afresh")
     args = ap.parse_args(argv)
+    if args.resume and args.init_from:
+        raise SystemExit("--resume and --init-from exclude each other: --resume continues a state (its optimizer, "
+                         "step and schedule), --init-from starts a fine-tune from weights")
     autotune_cache.enable()  # before torch/triton are imported
 
     import torch
@@ -125,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                if v is not None}
     if not args.resume:  # a fresh run's mix is its own; a resumed one keeps the state's but these
         mix, changes = dataclasses.replace(mix, **changes), {}
+    if args.init_from:  # trained weights skip the curriculum that forms copying and retrieval
+        mix = dataclasses.replace(mix, short_steps=0, copy_steps=0)
     tc = TrainConfig(config=args.config, total_train_s=args.total_train_s or TrainConfig.total_train_s,
                      save_every_s=args.save_every, mix=mix)
     if args.lr is not None:
@@ -148,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     last = train(tc, device=device, out_dir=args.out, deadline=deadline, resume=args.resume, workers=workers,
                  compute_dtype=torch.bfloat16 if device == "cuda" else torch.float32,
                  moe_backend=moe, say=lambda s: print(s, flush=True),
-                 mix_changes=changes or None, schedule_s=args.total_train_s if args.resume else None)
+                 mix_changes=changes or None, schedule_s=args.total_train_s if args.resume else None,
+                 init_from=args.init_from)
     if device == "cuda":
         _carry_autotuning(lambda: autotune_cache.pack(autotune_cache.cache_dir(),
                                                       Path(args.out) / autotune_cache.ARCHIVE), "packed")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 from optimized_model.k3.config import K3Config
 from optimized_model.k3.model import K3Model
@@ -73,6 +74,28 @@ class TrainableK3(K3Model):
         counts = torch.bincount(ids[valid].flatten(), minlength=self.cfg.n_experts)
         self.loads[i] = self.loads.get(i, 0) + counts
         return ids, w
+
+    # On the CPU the mixers' activations are recomputed in the backward: the torch chunked KDA
+    # keeps a [B, H, C, C, K] decay tensor a chunk (~3 MB a token over the layers) and CPU
+    # attention its score matrices, and a step of 8k tokens took 24 GB. Only each mixer's input
+    # is kept.
+    def _recomputed(self, mixer, i, x, lengths, valid, state):
+        if self.kda_backend != "torch" or not torch.is_grad_enabled():
+            return mixer(i, x, lengths, valid, state)
+
+        def run(x):
+            # training reads no cache or state back, so the writes go to a scratch state of this
+            # call's own: in the shared one, the graph they carry closed a cycle through the
+            # checkpoint that kept every step's activations alive (+4 GB a step)
+            return mixer(i, x, lengths, valid, self.new_state(x.shape[0], state.capacity))
+
+        return torch.utils.checkpoint.checkpoint(run, x, use_reentrant=False)
+
+    def kda_prefill(self, i, x, lengths, valid, state):
+        return self._recomputed(super().kda_prefill, i, x, lengths, valid, state)
+
+    def mla_prefill(self, i, x, lengths, valid, state):
+        return self._recomputed(super().mla_prefill, i, x, lengths, valid, state)
 
     def loss(self, tokens: torch.Tensor, lengths: torch.Tensor, weights: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor]:
