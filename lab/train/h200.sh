@@ -4,7 +4,7 @@
 #   bash lab/train/h200.sh .train/run1     # a later run, from the state the previous one returned
 #   bash lab/train/h200.sh .train/run3 --aime-style listed   # further arguments go to lab.train.run
 #   bash lab/train/h200.sh .train/run3 --total-train-s 1380  # a longer schedule from the state's step on
-#   bash lab/train/h200.sh --init-from optimized_model/k3/checkpoints/trained.safetensors --lr 3e-4
+#   bash lab/train/h200.sh --init-from optimized_model/k3/checkpoints/trained.safetensors --lr 2e-4
 #                                      # a fine-tune of the committed weights (when their state is gone)
 # Carry `.whl` (fla-core 0.6.0, for chunk_kda's forward and backward) and, for a later run, the
 # folder holding the previous run's state-*.safetensors and train-log.jsonl (e.g. `.train`).
