@@ -10,6 +10,12 @@ of its suite and kind, provides the fixtures, and turns every outcome into resul
   failing row a ``fail`` row, a skip without a waiver a ``waived`` row with the skip reason;
 - cases the plan waives are skipped with a waiver row carrying the plan's reason.
 
+A case that runs out of GPU memory (``OUT_OF_MEMORY``) in one of several shards sharing the GPU
+(``--fastpath-oom defer``) leaves no rows: its rows are held until the case ends, its claim is
+released, and ``verify`` runs it again alone once the suite's shards are done (suite_workers); run
+alone (``alone``) or beside other suites (``shared``), it is an error row whose message names the
+cause and the fix.
+
 Outcome rows are filed under the marker's ``gate=``/``gates=``, else the gates the test
 recorded so far, else gate "" (which fails the verdict, so a gate-less failure is never lost).
 """
@@ -28,9 +34,19 @@ import pytest
 from fastpath.engine import switch_config
 from fastpath.plan import Plan, build_plan
 from fastpath.results import RowWriter, make_row
+from fastpath.run_state import RELEASED
 from fastpath.spec import Spec, Tier, load_spec
 
 TRACEBACK_TAIL = 2000  # characters of a traceback kept in an error row's message
+OOM_MODES = ("alone", "shared", "defer")
+# a GPU out-of-memory exception: torch.OutOfMemoryError (torch >= 2.5), or the RuntimeError older
+# torch raised with this text
+OUT_OF_MEMORY = ("OutOfMemoryError", "CUDA out of memory")
+OOM_FIX = {
+    "alone": "it ran alone on the GPU: run it on a GPU with more memory, or narrow the spec's scope",
+    "shared": "other suites shared the GPU (--jobs): run this suite again with --jobs 1 (a new --out), "
+              "or on a GPU with more memory",
+}
 
 
 def create_engine(name: str, options: dict[str, Any]) -> Any:
@@ -86,6 +102,7 @@ class ItemRecord:
     rows: int = 0
     failing_rows: int = 0
     waived: bool = False
+    released: bool = False  # ran out of GPU memory beside other shards: its retry alone reports it
 
     def outcome_gates(self) -> list[str]:
         return self.declared_gates or list(dict.fromkeys(self.recorded_gates)) or [""]
@@ -95,23 +112,45 @@ class FastpathSession:
     """Per-pytest-session state: spec, tier, plan, the row sink and per-item records."""
 
     def __init__(self, spec: Spec, tier: Tier, plan: Plan, rows_path: Path | None, suite: str | None,
-                 shard: tuple[int, int] = (0, 1), claims: Path | None = None) -> None:
+                 shard: tuple[int, int] = (0, 1), claims: Path | None = None, oom: str = "alone") -> None:
         self.spec, self.tier, self.plan, self.suite, self.shard = spec, tier, plan, suite, shard
         self.claims = claims  # shared by the suite's shards: a shard runs the cases it claims first
+        self.oom = oom  # what a case that runs out of GPU memory does (OOM_MODES)
         self.writer = RowWriter(rows_path) if rows_path else None
         self.rows: list[dict] = []  # kept in memory too (tests, progress)
+        self.pending: list[dict] = []  # "defer": the running case's rows, written when it ends
         self.items: dict[str, ItemRecord] = {}
         self.waived_cases = {w.case.case_id: w.reason for w in plan.waivers}
 
     def write(self, item: ItemRecord, row: dict) -> None:
-        if self.writer is not None:
-            self.writer.write(row)
-        self.rows.append(row)
+        if self.oom == "defer":
+            self.pending.append(row)
+        else:
+            self._emit(row)
         item.rows += 1
         if row["status"] in ("fail", "error"):
             item.failing_rows += 1
         if row["gate"]:
             item.recorded_gates.append(row["gate"])
+
+    def _emit(self, row: dict) -> None:
+        if self.writer is not None:
+            self.writer.write(row)
+        self.rows.append(row)
+
+    def case_ended(self, item: ItemRecord) -> None:
+        """Write the case's held rows, or drop them if it was released for a retry alone."""
+        for row in [] if item.released else self.pending:
+            self._emit(row)
+        self.pending.clear()
+
+    def release(self, case_id: str) -> None:
+        """Give the case back (it ran out of GPU memory beside other shards): a ``released/`` note
+        first, then the claim goes, so the retry alone (suite_workers) claims and runs it."""
+        assert self.claims is not None
+        (self.claims / RELEASED).mkdir(parents=True, exist_ok=True)
+        (self.claims / RELEASED / claim_name(case_id)).touch()
+        (self.claims / claim_name(case_id)).unlink(missing_ok=True)
 
     def suite_of(self, module_path: Path) -> str:
         return self.suite or module_path.stem.removeprefix("test_")
@@ -165,6 +204,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--fastpath-claims", help="with --fastpath-shard: a folder the suite's N shards share; each "
                     "runs the plan's cases in order, skipping those another shard claimed first (a shard that "
                     "drew short cases takes more), instead of the fixed positions")
+    group.addoption("--fastpath-oom", default="alone", choices=OOM_MODES,
+                    help="a case that runs out of GPU memory: 'defer' (a shard beside others, with --fastpath-claims: "
+                         "release it for verify to run alone later), else an error row naming the fix ('alone': "
+                         "nothing else on the GPU; 'shared': other suites beside it)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -180,7 +223,9 @@ def pytest_configure(config: pytest.Config) -> None:
     claims = config.getoption("fastpath_claims")
     config.stash[STATE] = FastpathSession(spec, tier, plan, Path(rows) if rows else None,
                                           config.getoption("fastpath_suite"), _shard(config.getoption("fastpath_shard")),
-                                          Path(claims) if claims else None)
+                                          Path(claims) if claims else None, config.getoption("fastpath_oom"))
+    if config.stash[STATE].oom == "defer" and not claims:
+        raise pytest.UsageError("--fastpath-oom defer needs --fastpath-claims (the retry claims the released cases)")
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -273,6 +318,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if state is None or state.claims is None:
         return None
     case = _case(item)
+    if case is None and state.shard[1] == 1:
+        return True  # a suite's retry (claims, one shard): its helper tests ran in its shard 0
     if case and not state.claim(case["case_id"]):
         return True
     return None
@@ -331,9 +378,21 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     report = yield
-    if item.config.stash.get(STATE, None) is None:
+    state = item.config.stash.get(STATE, None)
+    if state is None:
         return report
     rec = _item_record(item)
+    if not rec.released:
+        _file_outcome(item, rec, report, call, state.oom)
+    if call.when == "teardown":
+        state.case_ended(rec)
+    return report
+
+
+def _file_outcome(item: pytest.Item, rec: ItemRecord, report: pytest.TestReport, call: pytest.CallInfo,
+                  oom: str) -> None:
+    """The outcome rows a phase's report adds (or, for a case out of GPU memory beside other
+    shards, its release for a retry alone)."""
     if report.skipped and not rec.has_case:
         pass  # e.g. a kind with no case on this plan ("empty parameter set"): nothing to file
     elif report.skipped and not rec.waived:
@@ -346,13 +405,40 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
         is_assert = excinfo is not None and excinfo.errisinstance(AssertionError) and call.when == "call"
         if is_assert and rec.failing_rows == 0:
             _outcome_rows(item, "fail", "assertion", f"assertion failed: {excinfo.exconly()[:TRACEBACK_TAIL]}")
+        elif _out_of_memory(excinfo) and oom == "defer" and rec.has_case:
+            rec.released = True
+            _state(item.config).release(rec.case_id)
+            _free_gpu_cache()
+        elif _out_of_memory(excinfo):
+            tail = str(report.longrepr)[-TRACEBACK_TAIL // 2:]
+            _outcome_rows(item, "error", "out_of_memory",
+                          f"{call.when} ran out of GPU memory; fix: {OOM_FIX['shared' if oom == 'defer' else oom]}. "
+                          f"The traceback's end: {tail}")
         elif not is_assert:
             tail = str(report.longrepr)[-TRACEBACK_TAIL:]
             _outcome_rows(item, "error", "exception", f"{call.when} raised: {tail}")
     elif call.when == "teardown" and rec.rows == 0 and rec.has_case:
         # Passed without recording anything: the case produced no evidence.
         _outcome_rows(item, "error", "result", "test passed but recorded no row (call record())")
-    return report
+
+
+def _out_of_memory(excinfo: pytest.ExceptionInfo | None) -> bool:
+    """A GPU out-of-memory exception, by its class's name or torch's message (no torch import)."""
+    if excinfo is None:
+        return False
+    names = {cls.__name__ for cls in type(excinfo.value).__mro__}
+    return OUT_OF_MEMORY[0] in names or OUT_OF_MEMORY[1] in str(excinfo.value)
+
+
+def _free_gpu_cache() -> None:
+    """After a released case: give its blocks back, so this shard's next cases have room."""
+    import gc
+    import sys
+
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 # --------------------------------------------------------------------------- fixtures

@@ -12,6 +12,11 @@ from fastpath.errors import UsageError
 from fastpath.plan import Plan
 from fastpath.results import RowWriter, make_row, read_rows, write_json_atomic
 
+# A sharded suite's retry pass: the cases its shards released (out of GPU memory beside the other
+# shards), run alone once every shard has ended (suite_workers); its files are <suite>.retry.*
+RETRY = (0, 0)
+RELEASED = "released"  # claims/<suite>/released/<case>: the cases given back for the retry
+
 
 class RunState:
     """The files under DIR/state (see the module docstring)."""
@@ -81,11 +86,18 @@ class RunState:
             writer.write(make_row(suite, f"{suite}/suite", "", "suite", status="error", message=message))
         self.mark(suite, "crashed", shard, message=message)
 
-    def merge_shards(self, suite: str, n: int, case_order: list[str] | None = None) -> list[dict | None]:
-        """The suite's rows, log and marker from its ``n`` shards' (rows in ``case_order``, the
-        plan's, whichever shard ran a case -- else in shard order --, logs in shard order, "done"
-        iff every shard was; the shard files and claims removed); returns the shards' markers."""
-        shards = [(i, n) for i in range(n)]
+    def released(self, suite: str) -> list[str]:
+        """The claims a sharded suite's shards gave back (cases out of GPU memory beside others)."""
+        folder = self.claims_dir(suite) / RELEASED
+        return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+    def merge_shards(self, suite: str, n: int, case_order: list[str] | None = None,
+                     retry: bool = False) -> list[dict | None]:
+        """The suite's rows, log and marker from its ``n`` shards' and, with ``retry``, its retry's
+        (rows in ``case_order``, the plan's, whichever shard ran a case -- else in shard order --,
+        logs in shard order, "done" iff every shard was; the shard files and claims removed);
+        returns the shards' markers."""
+        shards = [(i, n) for i in range(n)] + ([RETRY] if retry else [])
         markers = [self.marker(suite, sh) for sh in shards]
         rows, log = self.rows_path(suite), self.log_path(suite)
         lines = [line for sh in shards if (p := self.rows_path(suite, sh)).is_file()
@@ -95,8 +107,8 @@ class RunState:
             lines.sort(key=lambda line: rank.get(_case_id(line), len(rank)))  # stable: a case's rows keep their order
         rows.write_text("".join(lines), encoding="utf-8")
         log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text("".join(f"== shard {i + 1} of {n}\n" + (p.read_text(encoding="utf-8") if p.is_file() else "")
-                               for i, sh in enumerate(shards) for p in [self.log_path(suite, sh)]), encoding="utf-8")
+        log.write_text("".join(_shard_heading(sh) + (p.read_text(encoding="utf-8") if p.is_file() else "")
+                               for sh in shards for p in [self.log_path(suite, sh)]), encoding="utf-8")
         for sh in shards:
             for path in (self.rows_path(suite, sh), self.log_path(suite, sh),
                          self.root / "done" / f"{shard_name(suite, sh)}.json"):
@@ -106,7 +118,8 @@ class RunState:
         if crashed:
             self.mark(suite, "crashed", message=(crashed[0] or {}).get("message") or "a shard never finished")
         else:
-            self.mark(suite, "done", pytest_exit=max(m["pytest_exit"] for m in markers), shards=n)
+            self.mark(suite, "done", pytest_exit=max(m["pytest_exit"] for m in markers), shards=n,
+                      **({"retried_alone": retry} if retry else {}))
         return markers
 
     def case_order(self, suite: str) -> list[str]:
@@ -144,9 +157,17 @@ def _case_id(line: str) -> str | None:
 
 
 def shard_name(suite: str, shard: tuple[int, int]) -> str:
-    """A suite's file stem, or one shard's (``verify --jobs`` splits long suites)."""
+    """A suite's file stem, or one shard's (``verify --jobs`` splits long suites), or its retry's."""
     i, n = shard
+    if shard == RETRY:
+        return f"{suite}.retry"
     return suite if n == 1 else f"{suite}.shard-{i + 1}-of-{n}"
+
+
+def _shard_heading(shard: tuple[int, int]) -> str:
+    if shard == RETRY:
+        return "== retried alone: the cases that ran out of GPU memory beside the other shards\n"
+    return f"== shard {shard[0] + 1} of {shard[1]}\n"
 
 
 def _torn(path: Path, detail: str) -> UsageError:

@@ -12,7 +12,10 @@ shard walks the plan's cases in order and runs those it claims first (the plugin
 and the shards end together, whatever the cases cost (on the H200 the kernels suite's cases take
 7-340 s: fixed positions I, I + N, ... once left one shard 514 s of work and another 126 s).
 The shards are merged into the suite's rows (in plan order), log and marker when the last one
-ends (``RunState.merge_shards``).
+ends (``RunState.merge_shards``). A case that ran out of GPU memory in a shard (each worker holds
+its own models on the one GPU) is given back, with no rows (the plugin's ``--fastpath-oom
+defer``); once nothing else runs, the suite's retry (``RETRY``) runs those cases alone, and its
+rows join the merge: on the H100 (80 GB), four workers ran 21 coverage cases out of memory.
 
 Timing suites (``EXCLUSIVE``: perf) run alone, after the others: a neighbour would slow their
 clock. Ctrl-C or SIGTERM in the parent, or a worker that was interrupted (exit 3), stops every
@@ -31,6 +34,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
+
+from fastpath.run_state import RETRY
 
 CASE_DONE = "\x1efastpath-case-done"
 EXCLUSIVE = ("perf",)
@@ -120,7 +125,15 @@ def run(todo: list[str], jobs: int, cases: dict[str, int], state: Any, suites_di
             queue = units(wave, jobs, cases)
             left = {s: sum(1 for u, _ in queue if u == s) for s in wave}
             hooks: dict[str, tuple[Callable, Callable]] = {}
-            while queue or running:
+            retries: list[tuple[str, int]] = []  # (suite, its shards): cases released to run alone
+            shards: dict[str, int] = {}
+            while queue or running or retries:
+                if retries and not queue and not running:  # alone on the GPU now
+                    suite, shards[suite] = retries.pop(0)
+                    hooks[suite][0](f"{suite}: {len(state.released(suite))} case(s) ran out of GPU memory beside "
+                                    "other workers; running them again alone")
+                    queue.append((suite, RETRY))
+                    left[suite] = 1
                 while queue and len(running) < max(1, jobs):
                     suite, shard = queue.pop(0)
                     if suite not in hooks:
@@ -137,10 +150,16 @@ def run(todo: list[str], jobs: int, cases: dict[str, int], state: Any, suites_di
                         state.crashed(w.suite, f"its worker process exited with code {code} before the suite "
                                                f"finished; see logs/{w.suite}.log", w.shard)
                     left[w.suite] -= 1
-                    if not left[w.suite]:
-                        if w.shard[1] > 1:
-                            state.merge_shards(w.suite, w.shard[1], state.case_order(w.suite))
-                        ended(w.suite)
+                    if left[w.suite]:
+                        continue
+                    if w.shard == RETRY:
+                        state.merge_shards(w.suite, shards[w.suite], state.case_order(w.suite), retry=True)
+                    elif w.shard[1] > 1 and state.released(w.suite):
+                        retries.append((w.suite, w.shard[1]))
+                        continue
+                    elif w.shard[1] > 1:
+                        state.merge_shards(w.suite, w.shard[1], state.case_order(w.suite))
+                    ended(w.suite)
         return True
     except KeyboardInterrupt:
         return False
@@ -153,7 +172,8 @@ def run(todo: list[str], jobs: int, cases: dict[str, int], state: Any, suites_di
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Worker: ``RUN_DIR SUITES_DIR SUITE I/N`` (shard I of N of the suite's cases). Exit 0 when
+    """Worker: ``RUN_DIR SUITES_DIR SUITE I/N`` (shard I of N of the suite's cases; 0/0: its
+    ``RETRY``). Exit 0 when
     it ended (its marker says how), 3 when it was interrupted (no marker: a resume reruns it)."""
     from rich.console import Console
 
@@ -177,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
 
     with V._sigterm_as_interrupt():
         try:
-            V._run_one_suite(suite, spec, plan, state, suites_dir, console, case_done, shard)
+            V._run_one_suite(suite, spec, plan, state, suites_dir, console, case_done, shard,
+                             beside_others=suite not in EXCLUSIVE)
         except (V.Interrupted, KeyboardInterrupt):
             return WORKER_INTERRUPTED
     return 0

@@ -38,7 +38,7 @@ from fastpath.errors import FastpathError, UsageError
 from fastpath.gates import Verdict, evaluate
 from fastpath.plan import Plan, build_plan
 from fastpath.results import read_rows, rows_frame, write_json_atomic
-from fastpath.run_state import RunState
+from fastpath.run_state import RETRY, RunState
 from fastpath.spec import Spec, load_spec
 
 SUITES_DIR = Path(__file__).resolve().parent / "suites"  # shipped inside the package (package data)
@@ -345,8 +345,9 @@ def _run_suites(todo: list[str], spec: Spec, plan: Plan, state: RunState, suites
 
 
 def _run_one_suite(suite: str, spec: Spec, plan: Plan, state: RunState, suites_dir: Path, console: Any,
-                   on_case: Any, shard: tuple[int, int] = (0, 1)) -> None:
-    """The suite (or one ``shard`` = (i, n) of its cases) in its own ``pytest.main``."""
+                   on_case: Any, shard: tuple[int, int] = (0, 1), beside_others: bool = False) -> None:
+    """The suite (or one ``shard`` = (i, n) of its cases, or its ``RETRY``) in its own
+    ``pytest.main``; ``beside_others``: other suites share the GPU (suite_workers)."""
     import pytest
 
     rows_path = state.rows_path(suite, shard)
@@ -365,11 +366,14 @@ def _run_one_suite(suite: str, spec: Spec, plan: Plan, state: RunState, suites_d
             "--fastpath-spec", str(spec.path), "--fastpath-tier", plan.tier,
             "--fastpath-plan", str(state.root / "plan.json"), "--fastpath-rows", str(rows_path),
             "--fastpath-suite", suite, "--fastpath-artifacts", str(state.root / "logs" / "artifacts"),
-            "--fastpath-shard", f"{shard[0]}/{shard[1]}",
+            "--fastpath-shard", "0/1" if shard == RETRY else f"{shard[0]}/{shard[1]}",
             # the slowest cases (over a second) in the log: what a shard's time went on
             "--durations=0", "--durations-min=1"]
-    if shard[1] > 1:  # the shards share out the cases as each gets free (suite_workers)
+    if shard[1] > 1 or shard == RETRY:  # the shards share out the cases as each gets free (suite_workers)
         args += ["--fastpath-claims", str(state.claims_dir(suite))]
+    # out of GPU memory: a shard gives the case back for the retry alone; otherwise an error row
+    oom = "alone" if shard == RETRY else "defer" if shard[1] > 1 else "shared" if beside_others else "alone"
+    args += ["--fastpath-oom", oom]
     hook = ProgressHook(rows_path, console, on_case)
     log_path = state.log_path(suite, shard)
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -148,6 +148,34 @@ def test_a_suite_worker_that_dies_is_an_error_row_naming_its_exit_code(tmp_path,
     assert "exited with code 9" in row["message"]
 
 
+def test_a_case_out_of_gpu_memory_beside_other_shards_runs_again_alone(tmp_path, monkeypatch):
+    spec = make_project(tmp_path / "p")
+    serial = run(spec, out=tmp_path / "serial", jobs=1)
+    monkeypatch.setenv("FASTPATH_DOUBLE_OOM", f"once:{tmp_path}")  # b4's decode: out of memory once
+    parallel = run(spec, out=tmp_path / "parallel", jobs=2)
+    assert (tmp_path / "oom-b4-c16").exists()  # it did run out, in a shard
+    assert (serial.exit_code, parallel.exit_code) == (0, 0)
+    assert _rows(serial) == _rows(parallel)  # the shard's attempt left no row; the retry's are the rows
+    log = (tmp_path / "parallel" / "state" / "logs" / "coverage.log").read_text()
+    assert "== retried alone" in log and "== shard 2 of 2" in log
+    state = tmp_path / "parallel" / "state"
+    assert json.loads((state / "done" / "coverage.json").read_text())["retried_alone"] is True
+    assert sorted(p.name for p in (state / "rows").iterdir()) == ["coverage.jsonl", "kernels.jsonl"]
+    assert not (state / "claims" / "coverage").exists()
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_case_out_of_gpu_memory_alone_is_one_error_row_naming_cause_and_fix(tmp_path, monkeypatch, jobs):
+    spec = make_project(tmp_path / "p")
+    monkeypatch.setenv("FASTPATH_DOUBLE_OOM", "always")
+    result = run(spec, out=tmp_path / "run", jobs=jobs)
+    assert (result.exit_code, result.verdict) == (1, "fail")
+    [row] = [r for r in summary(result)["failing_rows"]]
+    assert (row["case_id"], row["metric"]) == ("coverage/decode/b4-c16-d0", "out_of_memory")
+    assert row["message"].startswith("call ran out of GPU memory; fix: it ran alone on the GPU: run it on a GPU "
+                                     "with more memory")
+
+
 def test_long_suites_start_first_and_timing_suites_run_alone_after_the_others():
     from fastpath.suite_workers import waves
 

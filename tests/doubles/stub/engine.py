@@ -11,6 +11,9 @@ nothing.
 Set FASTPATH_DOUBLE_INTERRUPT=1 to make the kernel's fast call raise KeyboardInterrupt (Ctrl-C
 mid-run), =term to send this process SIGTERM, or =die to end it at once (exit 9, no clean-up: a
 suite worker that crashes); an environment variable, not a mode, so the same spec can be resumed afterwards.
+Set FASTPATH_DOUBLE_OOM=always to make the fast decode step at batch 4 raise an out-of-memory
+error (``OutOfMemoryError``, torch's class name) every time, or =once:DIR only the first time
+(a flag file in DIR): a case that fails beside other workers and passes alone.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import os
 import signal
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from fastpath import trace
@@ -48,6 +52,22 @@ class DoubleKernel:
         return [v + v for v in x]
 
 
+class OutOfMemoryError(RuntimeError):
+    """Named like torch's: the harness knows an out-of-memory error by its class's name."""
+
+
+def _planted_oom(batch: int, context: int) -> None:
+    how = os.environ.get("FASTPATH_DOUBLE_OOM", "")
+    if batch != 4 or not how:
+        return
+    if how.startswith("once:"):
+        flag = Path(how.removeprefix("once:")) / f"oom-b{batch}-c{context}"
+        if flag.exists():
+            return
+        flag.touch()
+    raise OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (planted)")
+
+
 class DoubleModel:
     def __init__(self, path: str, mode: str) -> None:
         self.path, self.mode, self.device = path, mode, "cpu"
@@ -56,6 +76,7 @@ class DoubleModel:
         def step() -> None:
             if self.path != "fast":
                 return
+            _planted_oom(batch, context)
             if batch not in IN_SCOPE_BATCHES:
                 trace.refused("double_gemv", "batch_out_of_scope", batch=batch)
             elif self.mode == "broken_fast" and batch == 4:
