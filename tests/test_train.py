@@ -454,6 +454,27 @@ def test_each_kind_carries_its_share_of_the_graded_loss():
     assert mrcr_w / float(b.weights[b.graded].sum()) == pytest.approx(0.3 / 0.4, rel=1e-4)  # renormalised
 
 
+def test_an_mrcr_answers_choice_tokens_weigh_more_inside_mrcrs_share():
+    """mrcr_choice_weight moves weight inside MRCR's answers to the tokens after the random string
+    (which message is copied); the tokens, MRCR's share and the other kinds' weights stay."""
+    from lab.train.mix import MRCR_CHOICE_TOKENS
+
+    tok = K3Tokenizer()
+    mix = Mix(tokens_per_step=16384, lengths=((2048, 1.0),), short_steps=0, copy_steps=0,
+              kinds=(("mrcr", 0.5), ("json", 0.5)))
+    plain, chosen = make_batch(mix, 1, tok), make_batch(dataclasses.replace(mix, mrcr_choice_weight=4.0), 1, tok)
+    assert torch.equal(plain.tokens, chosen.tokens) and torch.equal(plain.graded, chosen.graded)
+    mrcr = plain.graded & (plain.kind_ids == KINDS.index("mrcr"))
+    assert torch.equal(plain.weights[~mrcr], chosen.weights[~mrcr])
+    assert float(chosen.weights[mrcr].sum()) == pytest.approx(float(plain.weights[mrcr].sum()), rel=1e-5)
+    row = int(mrcr.any(dim=1).nonzero()[0])
+    w = chosen.weights[row][mrcr[row]]
+    secret = 10  # the random string's tokens (10 letters and digits, a byte each)
+    assert torch.allclose(w[secret:secret + MRCR_CHOICE_TOKENS], 4 * w[0].expand(MRCR_CHOICE_TOKENS))
+    assert torch.allclose(w[:secret], w[0].expand(secret))
+    assert torch.allclose(w[secret + MRCR_CHOICE_TOKENS:], w[0].expand(len(w) - secret - MRCR_CHOICE_TOKENS))
+
+
 def test_a_state_saved_before_the_shares_resumes_weighing_each_graded_token_one():
     saved = TrainConfig().to_json()
     del saved["mix"]["loss_shares"]

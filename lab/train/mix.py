@@ -33,6 +33,8 @@ from lab.train import copy_tasks, eval_tasks, json_tasks
 KINDS = ("mrcr", "aime", "json", "copy")
 MRCR_ANSWER_TOKENS = 320  # an upper bound of an MRCR answer (40 words, the random string, the turn end)
 MRCR_MIN_PROMPT_TOKENS = 250  # the target below which the generator makes its smallest conversation
+# the answer's tokens after its random string that pick which message of the heading it copies
+MRCR_CHOICE_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,10 @@ class Mix:
     # each kind's share of the graded tokens' loss weight in a step (renormalised over the kinds
     # the step holds); None weighs every graded token 1, as runs 1 and 2 did
     loss_shares: tuple[tuple[str, float], ...] | None = (("mrcr", 0.3), ("aime", 0.4), ("json", 0.1), ("copy", 0.2))
+    # the weight of an MRCR answer's first MRCR_CHOICE_TOKENS after its random string, relative to
+    # its other tokens (inside MRCR's loss share): run 3's misses copy the wrong message of the
+    # requested heading while the answers' per-token loss is ~0.005 (docs/k3-mini.md, session 28)
+    mrcr_choice_weight: float = 1.0
     seed: int = 0
 
 
@@ -91,10 +97,11 @@ class _Row:
     def fits(self, n: int) -> bool:
         return len(self.ids) + n <= self.T
 
-    def add(self, prompt: list[int], target: list[int], context_weight: float) -> None:
+    def add(self, prompt: list[int], target: list[int], context_weight: float,
+            target_weights: list[float] | None = None) -> None:
         # the first token of a document has no context inside it: weight 0
         self.ids += prompt + target
-        self.w += [0.0] + [context_weight] * (len(prompt) - 1) + [1.0] * len(target)
+        self.w += [0.0] + [context_weight] * (len(prompt) - 1) + (target_weights or [1.0] * len(target))
         self.graded += [False] * len(prompt) + [True] * len(target)
 
 
@@ -102,9 +109,11 @@ def _seed(mix: Mix, step: int, row: int, attempt: int) -> int:
     return eval_tasks.TRAIN_SEED_BASE + ((mix.seed * 1_000_003 + step) * 4096 + row) * 64 + attempt
 
 
-def _document(kind: str, tok, seed: int, room: int, aime_style: str, copy_ordinal: float = 0.0):
-    """(prompt ids, target ids, content hash) of one document of ``kind``, or None if it is
-    held out or does not fit ``room`` tokens."""
+def _document(kind: str, tok, seed: int, room: int, aime_style: str, copy_ordinal: float = 0.0,
+              mrcr_choice_weight: float = 1.0):
+    """(prompt ids, target ids, content hash, target weights or None) of one document of ``kind``,
+    or None if it is held out or does not fit ``room`` tokens."""
+    weights = None
     if kind == "aime":
         steps = eval_tasks.aime_steps(seed, room, aime_style)
         if steps is None:
@@ -130,9 +139,18 @@ def _document(kind: str, tok, seed: int, room: int, aime_style: str, copy_ordina
         row = eval_tasks.mrcr_row(seed, max(target, MRCR_MIN_PROMPT_TOKENS), tok)
         p, t = eval_tasks.render_mrcr(tok, row)
         h = eval_tasks.document_hash("mrcr", row)
+        if mrcr_choice_weight != 1.0:
+            weights = mrcr_target_weights(tok, row, len(t), mrcr_choice_weight)
     if h in eval_tasks.heldout_hashes() or len(p) + len(t) > room:
         return None
-    return p, t, h
+    return p, t, h, weights
+
+
+def mrcr_target_weights(tok, row: dict, n: int, choice_weight: float) -> list[float]:
+    """An MRCR answer's ``n`` token weights: ``choice_weight`` on the MRCR_CHOICE_TOKENS after the
+    random string (where the answer shows which message it copies), 1 elsewhere."""
+    start = len(tok.encode(row["random_string_to_prepend"], bos=False))
+    return [choice_weight if start <= i < start + MRCR_CHOICE_TOKENS else 1.0 for i in range(n)]
 
 
 def parse_kinds(text: str, flag: str = "--kinds") -> tuple[tuple[str, float], ...]:
@@ -188,12 +206,12 @@ def make_batch(mix: Mix, step: int, tok=None) -> Batch:
         row = _Row(T, kind)
         for attempt in range(64):
             doc = _document(kind, tok, _seed(mix, step, r, attempt), T - len(row.ids), mix.aime_style,
-                            mix.copy_ordinal)
+                            mix.copy_ordinal, mix.mrcr_choice_weight)
             if doc is None:
                 if kind == "mrcr" or not row.ids:
                     continue  # a held-out or oversized document: draw the next seed
                 break  # the packed row is full
-            row.add(doc[0], doc[1], mix.context_weight)
+            row.add(doc[0], doc[1], mix.context_weight, doc[3])
             hashes.append(doc[2])
             kinds[kind] = kinds.get(kind, 0) + len(doc[0]) + len(doc[1])
             if kind == "mrcr":
@@ -220,7 +238,8 @@ def _share_graded_weight(weights: torch.Tensor, graded: torch.Tensor, kind_ids: 
                          shares: dict[str, float]) -> None:
     """Rescale the graded tokens' weights in place so that kind k's sum is its share (renormalised
     over the kinds present) of the graded total, which stays the number of graded tokens: the
-    prompts' weight relative to the answers is unchanged."""
+    prompts' weight relative to the answers is unchanged, and so are the weights of one kind's
+    tokens relative to each other (mrcr_choice_weight)."""
     masks = {k: graded & (kind_ids == i) for i, k in enumerate(KINDS)}
     counts = {k: int(m.sum()) for k, m in masks.items()}
     present = {k: shares.get(k, 0.0) for k, n in counts.items() if n > 0}
@@ -228,4 +247,4 @@ def _share_graded_weight(weights: torch.Tensor, graded: torch.Tensor, kind_ids: 
     if norm <= 0:
         return
     for k, share in present.items():
-        weights[masks[k]] = share / norm * total / counts[k]
+        weights[masks[k]] *= share / norm * total / float(weights[masks[k]].sum())

@@ -106,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--copy-ordinal", type=float, default=None,
                     help="the share of copy tasks that ask for a text by its place (Mix.copy_ordinal); on "
                          "--resume it changes the data from the state's step on")
+    ap.add_argument("--mrcr-choice-weight", type=float, default=None,
+                    help="the weight of an MRCR answer's first tokens after its random string (which message it "
+                         "copies) relative to its others (Mix.mrcr_choice_weight); on --resume from the state's step on")
     ap.add_argument("--loss-shares", default=None,
                     help="KIND=SHARE,... of the graded loss (Mix.loss_shares); on --resume from the state's step on")
     ap.add_argument("--moe-backend", choices=("grouped", "loop", "auto"), default="auto")
@@ -127,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     mix = Mix() if args.tokens_per_step is None else Mix(tokens_per_step=args.tokens_per_step)
     changes = {k: v for k, v in (("aime_style", args.aime_style), ("copy_ordinal", args.copy_ordinal),
+                                 ("mrcr_choice_weight", args.mrcr_choice_weight),
                                  ("loss_shares", None if args.loss_shares is None
                                                  else parse_kinds(args.loss_shares, "--loss-shares")))
                if v is not None}
