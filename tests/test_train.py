@@ -33,6 +33,12 @@ def _train(tmp, steps, resume=None):
                  compute_dtype=torch.float32, moe_backend="loop", max_steps=steps, say=lambda s: None)
 
 
+def _init_from(tc, source, out, said):
+    """A fine-tune's start from ``source`` (a state folder or a weights file), no step taken."""
+    return train(tc, device="cpu", out_dir=out, deadline=time.monotonic() + 600, compute_dtype=torch.float32,
+                 moe_backend="loop", max_steps=0, say=said.append, init_from=source)
+
+
 def _heldback_loss(state_dir):
     """Mean loss of the saved model on batches no training step drew (steps 10**6 ..)."""
     tensors, _ = checkpoint.load_state(state_dir)
@@ -97,9 +103,7 @@ def test_a_resumed_run_changes_its_aime_style_and_schedule_from_its_step_on_and_
 def test_a_trial_starts_from_a_states_weights_with_a_fresh_optimizer(tmp_path, one_torch_thread):
     _train(tmp_path / "trained", 2)
     said = []
-    train(_tc(), device="cpu", out_dir=tmp_path / "trial", deadline=time.monotonic() + 600,
-          compute_dtype=torch.float32, moe_backend="loop", max_steps=0, say=said.append,
-          init_from=tmp_path / "trained")
+    _init_from(_tc(), tmp_path / "trained", tmp_path / "trial", said)
     start, _ = checkpoint.load_state(tmp_path / "trained")
     trial, meta = checkpoint.load_state(tmp_path / "trial")
     assert meta["step"] == 0 and any("a fresh optimizer, step 0" in s for s in said)
@@ -114,9 +118,7 @@ def test_a_fine_tune_starts_from_the_engines_weights_file_when_the_state_is_gone
     _train(tmp_path / "state", 1)
     assert export.main([str(tmp_path / "state"), str(tmp_path / "w.safetensors")]) == 0
     said = []
-    train(_tc(), device="cpu", out_dir=tmp_path / "ft", deadline=time.monotonic() + 600,
-          compute_dtype=torch.float32, moe_backend="loop", max_steps=0, say=said.append,
-          init_from=tmp_path / "w.safetensors")
+    _init_from(_tc(), tmp_path / "w.safetensors", tmp_path / "ft", said)
     start, _ = checkpoint.load_state(tmp_path / "state")
     ft, meta = checkpoint.load_state(tmp_path / "ft")
     assert any("(step 1); a fresh optimizer, step 0" in s for s in said)
@@ -126,9 +128,7 @@ def test_a_fine_tune_starts_from_the_engines_weights_file_when_the_state_is_gone
     assert not torch.equal(ft["w/lm_head"], start["w/lm_head"])
     assert torch.equal(ft["w/L1.router_bias"], start["w/L1.router_bias"])
     with pytest.raises(SystemExit, match="lacks .* of the trained config's weights"):
-        train(dataclasses.replace(_tc(), config="trained"), device="cpu", out_dir=tmp_path / "bad",
-              deadline=time.monotonic() + 600, compute_dtype=torch.float32, moe_backend="loop", max_steps=0,
-              say=said.append, init_from=tmp_path / "w.safetensors")
+        _init_from(dataclasses.replace(_tc(), config="trained"), tmp_path / "w.safetensors", tmp_path / "bad", said)
 
 
 def test_a_run_fine_tunes_the_committed_weights_without_the_curriculum(tmp_path, monkeypatch, one_torch_thread):
