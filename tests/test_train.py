@@ -14,7 +14,7 @@ import torch
 from fastpath.evals import aime, mrcr
 from lab.train import checkpoint, copy_tasks, eval_tasks, json_tasks, probe
 from lab.train.loop import TrainConfig, _Batches, make_optimizer, train
-from lab.train.mix import KINDS, Mix, make_batch, parse_kinds
+from lab.train.mix import KINDS, Mix, make_batch, parse_kinds, parse_needles
 from lab.train.trainable import TrainableK3
 from optimized_model.k3.config import get_config
 from optimized_model.k3.tokenizer import K3Tokenizer
@@ -218,7 +218,7 @@ def test_a_training_document_that_is_an_eval_document_is_dropped(monkeypatch, ki
     """Plant the collision: the training generator returns eval documents; none may pass."""
     planted = eval_tasks.eval_documents("smoke")[task]
     monkeypatch.setattr(eval_tasks, "aime_row", lambda seed, steps: planted[seed % len(planted)])
-    monkeypatch.setattr(eval_tasks, "mrcr_row", lambda seed, target, tok: planted[seed % len(planted)])
+    monkeypatch.setattr(eval_tasks, "mrcr_row", lambda seed, target, tok, needles=None: planted[seed % len(planted)])
     b = make_batch(Mix(tokens_per_step=8192, lengths=((4096, 1.0),), kinds=((kind, 1.0),), short_steps=0, copy_steps=0), 0,
                    K3Tokenizer())
     assert b.hashes == [] and float(b.weights.sum()) == 0.0
@@ -424,6 +424,20 @@ def test_the_probe_tells_copying_from_one_repeated_word():
     assert same == 0.0 and top == 1.0
 
 
+def test_the_probe_names_the_same_heading_message_an_mrcr_answer_copied():
+    tok = K3Tokenizer()
+    row = next(r for seed in range(eval_tasks.TRAIN_SEED_BASE, eval_tasks.TRAIN_SEED_BASE + 50)
+               if (r := eval_tasks.mrcr_row(seed, 2000, tok))["n_needles"] >= 4)
+    secret = row["random_string_to_prepend"]
+    right = probe.mrcr_choice(row["answer"], row)
+    assert right["needles"] == row["n_needles"] and right["chose"] == right["asked"]
+    msgs = mrcr.messages(row)
+    ask = msgs[row["desired_msg_index"] - 1]["content"]
+    same_heading = [msgs[i + 1]["content"] for i, m in enumerate(msgs[:-1]) if m["content"] == ask]
+    other = next(k for k in range(1, len(same_heading) + 1) if k != right["asked"])
+    assert probe.mrcr_choice(secret + same_heading[other - 1], row) == dict(right, chose=other)
+
+
 def test_a_state_saved_before_the_solution_styles_resumes_on_the_style_it_learnt():
     saved = TrainConfig().to_json()
     del saved["mix"]["aime_style"]
@@ -452,6 +466,18 @@ def test_each_kind_carries_its_share_of_the_graded_loss():
     b = make_batch(only_two, 0, tok)
     mrcr_w = float(b.weights[b.graded & (b.kind_ids == KINDS.index("mrcr"))].sum())
     assert mrcr_w / float(b.weights[b.graded].sum()) == pytest.approx(0.3 / 0.4, rel=1e-4)  # renormalised
+
+
+def test_mrcr_rows_draw_their_needle_counts_by_the_mixs_weights():
+    tok = K3Tokenizer()
+    seeds = range(eval_tasks.TRAIN_SEED_BASE, eval_tasks.TRAIN_SEED_BASE + 12)
+    alike = [eval_tasks.mrcr_row(s, 6000, tok)["n_needles"] for s in seeds]
+    assert len(set(alike)) > 1  # the spec's counts alike, as before
+    assert all(eval_tasks.mrcr_row(s, 6000, tok, ((8, 1.0),))["n_needles"] == 8 for s in seeds)
+    assert parse_needles("8=0.5,4=0.3,2=0.2") == ((8, 0.5), (4, 0.3), (2, 0.2))
+    for bad in ("3=1", "8=0", "8=-1,2=1", "eight=1"):
+        with pytest.raises(SystemExit, match="--mrcr-needles"):
+            parse_needles(bad)
 
 
 def test_an_mrcr_answers_choice_tokens_weigh_more_inside_mrcrs_share():

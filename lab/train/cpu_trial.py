@@ -24,7 +24,7 @@ import time
 
 def main(argv: list[str] | None = None) -> int:
     from lab.train.eval_tasks import STYLES
-    from lab.train.mix import parse_kinds, parse_lengths
+    from lab.train.mix import parse_kinds, parse_lengths, parse_needles
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="tiny", help="tiny (~5k tokens/s on 2 cores) or trained (~1k tokens/s)")
@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the share of copy tasks that ask for a text by its place (Mix.copy_ordinal)")
     ap.add_argument("--mrcr-choice-weight", type=float, default=1.0,
                     help="the weight of an MRCR answer's first tokens after its random string (Mix.mrcr_choice_weight)")
+    ap.add_argument("--mrcr-needles", default=None,
+                    help="NEEDLES=WEIGHT,... the needle counts of MRCR rows and their probabilities (Mix.mrcr_needles)")
     ap.add_argument("--init-from", default=None,
                     help="a state folder whose weights the trial starts from (a fine-tune; its optimizer is fresh)")
     ap.add_argument("--threads", type=int, default=2)
@@ -64,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     mix = Mix(tokens_per_step=args.tokens_per_step, short_steps=0, copy_steps=args.copy_steps,
               lengths=lengths, kinds=kinds, aime_style=args.aime_style,
-              copy_ordinal=args.copy_ordinal, mrcr_choice_weight=args.mrcr_choice_weight, **shares)
+              copy_ordinal=args.copy_ordinal, mrcr_choice_weight=args.mrcr_choice_weight,
+              mrcr_needles=None if args.mrcr_needles is None else parse_needles(args.mrcr_needles), **shares)
     tc = TrainConfig(config=args.config, lr=args.lr, warmup_steps=50, min_lr_frac=1.0, total_train_s=1.0,
                      save_every_s=600.0, mix=mix)
     t0 = time.monotonic()

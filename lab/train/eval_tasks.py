@@ -102,13 +102,23 @@ def heldout_hashes() -> frozenset[str]:
 
 
 # -- training documents (seeds >= TRAIN_SEED_BASE) -----------------------------------------------------
-def mrcr_row(seed: int, target_tokens: int, tok) -> dict:
+def mrcr_needle_counts() -> list[int]:
+    """The needle counts of the spec's MRCR documents."""
+    return sorted(_spec().evals["mrcr"]["needles"])
+
+
+def mrcr_row(seed: int, target_tokens: int, tok, needle_weights: tuple[tuple[int, float], ...] | None = None) -> dict:
     """An MRCR row whose chat-templated prompt has at most about ``target_tokens`` tokens: the
     suite's generator, answer lengths of the bucket the target falls in, a needle count drawn from
-    the spec's and lowered (as the suite does) while the needles alone overflow the target."""
+    the spec's (alike, or by ``needle_weights``: (count, weight) pairs) and lowered (as the suite
+    does) while the needles alone overflow the target."""
     rng = random.Random(f"train-mrcr/{seed}")
-    needles = sorted(_spec().evals["mrcr"]["needles"])
-    chosen = rng.choice(needles)
+    needles = mrcr_needle_counts()
+    if needle_weights:
+        weight = dict(needle_weights)
+        chosen = rng.choices(needles, [weight.get(n, 0.0) for n in needles])[0]
+    else:
+        chosen = rng.choice(needles)
     count = count_tokens(tok)
     for n in sorted((n for n in needles if n <= chosen), reverse=True):
         row = mrcr.generate_doc(seed, target_tokens, n, count, mrcr.answer_words(mrcr.bucket_of(target_tokens)))

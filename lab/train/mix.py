@@ -67,6 +67,9 @@ class Mix:
     # its other tokens (inside MRCR's loss share): run 3's misses copy the wrong message of the
     # requested heading while the answers' per-token loss is ~0.005 (docs/k3-mini.md, session 28)
     mrcr_choice_weight: float = 1.0
+    # the probability of each needle count of MRCR rows (None: the spec's counts alike, as the evals
+    # draw them); run 3's weights miss every 8-needle document of the full tier (docs/k3-mini.md)
+    mrcr_needles: tuple[tuple[int, float], ...] | None = None
     seed: int = 0
 
 
@@ -110,7 +113,7 @@ def _seed(mix: Mix, step: int, row: int, attempt: int) -> int:
 
 
 def _document(kind: str, tok, seed: int, room: int, aime_style: str, copy_ordinal: float = 0.0,
-              mrcr_choice_weight: float = 1.0):
+              mrcr_choice_weight: float = 1.0, mrcr_needles: tuple[tuple[int, float], ...] | None = None):
     """(prompt ids, target ids, content hash, target weights or None) of one document of ``kind``,
     or None if it is held out or does not fit ``room`` tokens."""
     weights = None
@@ -136,7 +139,7 @@ def _document(kind: str, tok, seed: int, room: int, aime_style: str, copy_ordina
     else:
         # the prompt fills 60-95 % of the row, less the longest answer
         target = int(room * random.Random(f"mrcr-length/{seed}").uniform(0.6, 0.95)) - MRCR_ANSWER_TOKENS
-        row = eval_tasks.mrcr_row(seed, max(target, MRCR_MIN_PROMPT_TOKENS), tok)
+        row = eval_tasks.mrcr_row(seed, max(target, MRCR_MIN_PROMPT_TOKENS), tok, mrcr_needles)
         p, t = eval_tasks.render_mrcr(tok, row)
         h = eval_tasks.document_hash("mrcr", row)
         if mrcr_choice_weight != 1.0:
@@ -182,6 +185,19 @@ def parse_lengths(text: str) -> tuple[tuple[int, float], ...]:
     return lengths
 
 
+def parse_needles(text: str) -> tuple[tuple[int, float], ...]:
+    """``"8=0.5,4=0.3,2=0.2"`` as Mix.mrcr_needles (needle counts of the spec and their probabilities)."""
+    counts = eval_tasks.mrcr_needle_counts()
+    try:
+        needles = tuple((int(n), float(w)) for n, _, w in (part.partition("=") for part in text.split(",")))
+    except ValueError:
+        needles = ()
+    if not needles or any(n not in counts or w < 0 for n, w in needles) or sum(w for _, w in needles) <= 0:
+        raise SystemExit(f"--mrcr-needles {text!r}: each part is NEEDLES=WEIGHT, NEEDLES one of "
+                         f"{', '.join(map(str, counts))} and WEIGHT a number >= 0, not all 0")
+    return needles
+
+
 def lengths_at(mix: Mix, step: int) -> tuple[tuple[int, float], ...]:
     """The row-length table of ``step``: the curriculum's short rows first."""
     return mix.short_lengths if step < mix.short_steps else mix.lengths
@@ -206,7 +222,7 @@ def make_batch(mix: Mix, step: int, tok=None) -> Batch:
         row = _Row(T, kind)
         for attempt in range(64):
             doc = _document(kind, tok, _seed(mix, step, r, attempt), T - len(row.ids), mix.aime_style,
-                            mix.copy_ordinal, mix.mrcr_choice_weight)
+                            mix.copy_ordinal, mix.mrcr_choice_weight, mix.mrcr_needles)
             if doc is None:
                 if kind == "mrcr" or not row.ids:
                     continue  # a held-out or oversized document: draw the next seed

@@ -159,6 +159,18 @@ def probe(model, tok, n: int, aime_style: str, mrcr_tokens=(400, 2000), aime_ste
     return out
 
 
+def mrcr_choice(text: str, row: dict) -> dict:
+    """Which same-heading message a generation copied: ``asked`` (the k-th the document wants) and
+    ``chose`` (the message of the heading it matches best, graded as MRCR grades), of ``needles``."""
+    msgs = mrcr.messages(row)
+    ask = msgs[row["desired_msg_index"] - 1]["content"]
+    needles = [msgs[i + 1]["content"] for i, m in enumerate(msgs[:-1]) if m["role"] == "user" and m["content"] == ask]
+    secret = row["random_string_to_prepend"]
+    matches = [mrcr.grade(text, secret + n, secret) for n in needles]
+    asked = needles.index(row["answer"].removeprefix(secret)) + 1
+    return {"needles": len(needles), "asked": asked, "chose": max(range(len(needles)), key=matches.__getitem__) + 1}
+
+
 def probe_eval_documents(model, tok, tier: str, aime_style: str, max_tokens: int, say=print) -> dict:
     """MRCR per bucket (up to ``max_tokens``) and AIME on the evals suite's documents of ``tier``."""
     docs, out = eval_tasks.eval_documents(tier), {}
@@ -170,7 +182,9 @@ def probe_eval_documents(model, tok, tier: str, aime_style: str, max_tokens: int
         rows, rendered = zip(*buckets[bucket])
         texts = _generate(model, list(rendered), 8)
         scores = [mrcr.grade(t, r["answer"], r["random_string_to_prepend"]) for t, r in zip(texts, rows)]
-        out[f"mrcr_{bucket}"] = {"docs": len(rows), "score": round(sum(scores) / len(rows), 3)}
+        out[f"mrcr_{bucket}"] = {"docs": len(rows), "score": round(sum(scores) / len(rows), 3),
+                                 "documents": [dict(mrcr_choice(t, r), score=round(g, 3))
+                                               for t, r, g in zip(texts, rows, scores)]}
         say(f"{tier} mrcr bucket {bucket}: {json.dumps(out[f'mrcr_{bucket}'])}")
     rows = docs["aime25"]
     rendered = [eval_tasks.render_aime(tok, row, aime_style) for row in rows]

@@ -109,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mrcr-choice-weight", type=float, default=None,
                     help="the weight of an MRCR answer's first tokens after its random string (which message it "
                          "copies) relative to its others (Mix.mrcr_choice_weight); on --resume from the state's step on")
+    ap.add_argument("--mrcr-needles", default=None,
+                    help="NEEDLES=WEIGHT,... the needle counts of MRCR rows and their probabilities (Mix.mrcr_needles; "
+                         "default: the spec's counts alike); on --resume from the state's step on")
     ap.add_argument("--loss-shares", default=None,
                     help="KIND=SHARE,... of the graded loss (Mix.loss_shares); on --resume from the state's step on")
     ap.add_argument("--moe-backend", choices=("grouped", "loop", "auto"), default="auto")
@@ -124,13 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from lab.train.loop import TrainConfig, train
-    from lab.train.mix import Mix, parse_kinds
+    from lab.train.mix import Mix, parse_kinds, parse_needles
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
     mix = Mix() if args.tokens_per_step is None else Mix(tokens_per_step=args.tokens_per_step)
     changes = {k: v for k, v in (("aime_style", args.aime_style), ("copy_ordinal", args.copy_ordinal),
                                  ("mrcr_choice_weight", args.mrcr_choice_weight),
+                                 ("mrcr_needles", None if args.mrcr_needles is None else parse_needles(args.mrcr_needles)),
                                  ("loss_shares", None if args.loss_shares is None
                                                  else parse_kinds(args.loss_shares, "--loss-shares")))
                if v is not None}
