@@ -436,6 +436,7 @@ def test_the_probe_names_the_same_heading_message_an_mrcr_answer_copied():
     same_heading = [msgs[i + 1]["content"] for i, m in enumerate(msgs[:-1]) if m["content"] == ask]
     other = next(k for k in range(1, len(same_heading) + 1) if k != right["asked"])
     assert probe.mrcr_choice(secret + same_heading[other - 1], row) == dict(right, chose=other)
+    assert probe.mrcr_choice(same_heading[other - 1], row)["chose"] is None  # no random string: no choice
 
 
 def test_a_state_saved_before_the_solution_styles_resumes_on_the_style_it_learnt():

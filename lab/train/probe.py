@@ -161,14 +161,16 @@ def probe(model, tok, n: int, aime_style: str, mrcr_tokens=(400, 2000), aime_ste
 
 def mrcr_choice(text: str, row: dict) -> dict:
     """Which same-heading message a generation copied: ``asked`` (the k-th the document wants) and
-    ``chose`` (the message of the heading it matches best, graded as MRCR grades), of ``needles``."""
+    ``chose`` (the message of the heading it matches best, graded as MRCR grades; None if it matches
+    none, e.g. without the random string), of ``needles``."""
     msgs = mrcr.messages(row)
     ask = msgs[row["desired_msg_index"] - 1]["content"]
     needles = [msgs[i + 1]["content"] for i, m in enumerate(msgs[:-1]) if m["role"] == "user" and m["content"] == ask]
     secret = row["random_string_to_prepend"]
     matches = [mrcr.grade(text, secret + n, secret) for n in needles]
     asked = needles.index(row["answer"].removeprefix(secret)) + 1
-    return {"needles": len(needles), "asked": asked, "chose": max(range(len(needles)), key=matches.__getitem__) + 1}
+    best = max(range(len(needles)), key=matches.__getitem__)
+    return {"needles": len(needles), "asked": asked, "chose": best + 1 if matches[best] > 0 else None}
 
 
 def probe_eval_documents(model, tok, tier: str, aime_style: str, max_tokens: int, say=print) -> dict:
