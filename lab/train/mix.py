@@ -173,12 +173,17 @@ def parse_kinds(text: str, flag: str = "--kinds") -> tuple[tuple[str, float], ..
     return tuple(kinds)
 
 
+def _int_number_pairs(text: str) -> tuple[tuple[int, float], ...]:
+    """``"1024=0.5,16384=0.5"`` as ((1024, 0.5), (16384, 0.5)); () if a part is not INTEGER=NUMBER."""
+    try:
+        return tuple((int(k), float(v)) for k, _, v in (part.partition("=") for part in text.split(",")))
+    except ValueError:
+        return ()
+
+
 def parse_lengths(text: str) -> tuple[tuple[int, float], ...]:
     """``"1024=0.5,16384=0.5"`` as Mix.lengths (row tokens and their shares of the tokens)."""
-    try:
-        lengths = tuple((int(T), float(w)) for T, _, w in (part.partition("=") for part in text.split(",")))
-    except ValueError:
-        lengths = ()
+    lengths = _int_number_pairs(text)
     if not lengths or any(T < 64 or w < 0 for T, w in lengths):
         raise SystemExit(f"--lengths {text!r}: each part is TOKENS=SHARE, TOKENS an integer >= 64 and "
                          "SHARE a number >= 0")
@@ -188,10 +193,7 @@ def parse_lengths(text: str) -> tuple[tuple[int, float], ...]:
 def parse_needles(text: str) -> tuple[tuple[int, float], ...]:
     """``"8=0.5,4=0.3,2=0.2"`` as Mix.mrcr_needles (needle counts of the spec and their probabilities)."""
     counts = eval_tasks.mrcr_needle_counts()
-    try:
-        needles = tuple((int(n), float(w)) for n, _, w in (part.partition("=") for part in text.split(",")))
-    except ValueError:
-        needles = ()
+    needles = _int_number_pairs(text)
     if not needles or any(n not in counts or w < 0 for n, w in needles) or sum(w for _, w in needles) <= 0:
         raise SystemExit(f"--mrcr-needles {text!r}: each part is NEEDLES=WEIGHT, NEEDLES one of "
                          f"{', '.join(map(str, counts))} and WEIGHT a number >= 0, not all 0")
