@@ -45,8 +45,6 @@ from .entry import KernelSpec, default_dtypes
 
 COMPONENT = "kda_decode"  # a variant of it in the trace ("triton_verify", with T)
 VARIANT = "triton_verify"
-FORMS = ("serial", "chunk")
-FORM = "serial"  # the default form
 
 
 @triton.jit
@@ -166,163 +164,6 @@ def kda_verify_kernel(
             tl.atomic_xchg(counter + b * H + h, 0)
 
 
-@triton.jit
-def _conv_rows(x_ptr, sx, st_ptr, s_c, s_j, w_ptr, sw_c, sw_j, win_ptr, swin_c, swin_j,
-               chan, mask, owner, T: tl.constexpr, TP: tl.constexpr, BC: tl.constexpr,
-               W: tl.constexpr, WP: tl.constexpr):
-    """silu(conv) fp32 [TP, BC] of all T tokens at once (rows >= T are 0); ``x_ptr`` points at the
-    sequence's first row. The ``owner`` of the channels stores the trail window."""
-    t = tl.arange(0, TP)
-    live = (t < T)[:, None] & mask[None, :]
-    acc = tl.zeros((TP, BC), dtype=tl.float32)
-    for j in tl.static_range(W):
-        pos = (t + j)[:, None]  # index into [cached W-1 | T new] inputs
-        old = tl.load(st_ptr + chan[None, :] * s_c + pos * s_j, mask=live & (pos < W - 1), other=0.0)
-        new = tl.load(x_ptr + (pos - (W - 1)) * sx + chan[None, :], mask=live & (pos >= W - 1), other=0.0)
-        wt = tl.load(w_ptr + chan * sw_c + j * sw_j, mask=mask, other=0.0).to(tl.float32)
-        acc += (old + new).to(tl.float32) * wt[None, :]
-    jj = tl.arange(0, WP)
-    m_old = mask[:, None] & (jj[None, :] < W - 1) & owner
-    old = tl.load(st_ptr + chan[:, None] * s_c + jj[None, :] * s_j, mask=m_old, other=0.0)
-    tl.store(win_ptr + chan[:, None] * swin_c + jj[None, :] * swin_j, old, mask=m_old)
-    xr = tl.load(x_ptr + t[:, None] * sx + chan[None, :], mask=live, other=0.0)
-    tl.store(win_ptr + chan[None, :] * swin_c + (W - 1 + t[:, None]) * swin_j, xr, mask=live & owner)
-    return acc * tl.sigmoid(acc)
-
-
-@triton.jit
-def _mm(x, y):
-    """[M, N] @ [N, P] in fp32 on the CUDA cores (the chunk's matrices are far below tl.dot's 16)."""
-    return tl.sum(x[:, :, None] * y[None, :, :], 1)
-
-
-@triton.jit
-def _row(x, t, i: tl.constexpr):
-    """Row i of a [TP, N] register tile (a sum over one live row: exact)."""
-    return tl.sum(tl.where((t == i)[:, None], x, 0.0), 0)
-
-
-@triton.jit
-def kda_verify_chunk_kernel(
-    xq, xk, xv, xf, xb, xg, sxq, sxk, sxv, sxf, sxb, sxg,
-    cq, ck, cv, scq_b, scq_c, scq_j, sck_b, sck_c, sck_j, scv_b, scv_c, scv_j,
-    wq, wk, wv, swq_c, swq_j, swk_c, swk_j, swv_c, swv_j,
-    A_log, dt_bias, S, sS_b, sS_h, sS_k, sS_v,
-    TS, sT_b, sT_t, sT_h, sT_k, sT_v,
-    WIN, sw_b, sw_c, sw_j,
-    norm_w, out, sout, o_ws, g_ws, counter,
-    FA, sfa, FB, sfb, GB, sgb,
-    scale, eps_l2, eps_norm, lower_bound,
-    T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, NV: tl.constexpr, W: tl.constexpr, WP: tl.constexpr,
-    LOWRANK: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
-    TP: tl.constexpr, SQUARINGS: tl.constexpr, RC: tl.constexpr,
-):
-    """``kda_verify_kernel``'s result in chunk form: the T tokens' inputs are formed together and
-    the delta rule is solved for all of them at once (module docstring, "Forms"), so no load or
-    reduction waits on the previous token."""
-    b = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    iv = tl.program_id(2)
-    ok = tl.arange(0, BK)
-    mk = ok < K
-    ov = iv * BV + tl.arange(0, BV)
-    mv = ov < V
-    chan_k = h * K + ok
-    chan_v = h * V + ov
-    d = H * K  # window channels: q | k | v
-    win = WIN + b * sw_b
-    row0 = b * T
-    t = tl.arange(0, TP)
-    live = t < T
-    rows = row0 + t
-
-    q = _conv_rows(xq + row0 * sxq, sxq, cq + b * scq_b, scq_c, scq_j, wq, swq_c, swq_j,
-                   win, sw_c, sw_j, chan_k, mk, iv == 0, T, TP, BK, W, WP)
-    k = _conv_rows(xk + row0 * sxk, sxk, ck + b * sck_b, sck_c, sck_j, wk, swk_c, swk_j,
-                   win + d * sw_c, sw_c, sw_j, chan_k, mk, iv == 0, T, TP, BK, W, WP)
-    v = _conv_rows(xv + row0 * sxv, sxv, cv + b * scv_b, scv_c, scv_j, wv, swv_c, swv_j,
-                   win + 2 * d * sw_c, sw_c, sw_j, chan_v, mv, True, T, TP, BV, W, WP)
-    q = q / tl.sqrt(tl.sum(q * q, 1) + eps_l2)[:, None] * scale
-    k = k / tl.sqrt(tl.sum(k * k, 1) + eps_l2)[:, None]
-    if LOWRANK:  # [T, R] @ [R, K] in slices of RC ranks; rounded to the working dtype as the projections
-        f = tl.zeros((TP, BK), dtype=tl.float32)
-        gt = tl.zeros((TP, BV), dtype=tl.float32)
-        for r0 in tl.static_range(0, RP, RC):
-            rr = r0 + tl.arange(0, RC)
-            mr = rr < R
-            m_a = live[:, None] & mr[None, :]
-            a_f = tl.load(FA + rows[:, None] * sfa + rr[None, :], mask=m_a, other=0.0).to(tl.float32)
-            a_g = tl.load(FA + rows[:, None] * sfa + R + rr[None, :], mask=m_a, other=0.0).to(tl.float32)
-            w_f = tl.load(FB + chan_k[:, None] * sfb + rr[None, :], mask=mk[:, None] & mr[None, :], other=0.0)
-            w_g = tl.load(GB + chan_v[:, None] * sgb + rr[None, :], mask=mv[:, None] & mr[None, :], other=0.0)
-            f += tl.sum(a_f[:, None, :] * w_f.to(tl.float32)[None, :, :], 2)
-            gt += tl.sum(a_g[:, None, :] * w_g.to(tl.float32)[None, :, :], 2)
-        f = f.to(FA.dtype.element_ty).to(tl.float32)
-        gt = gt.to(FA.dtype.element_ty).to(tl.float32)
-    else:
-        f = tl.load(xf + rows[:, None] * sxf + chan_k[None, :], mask=live[:, None] & mk[None, :], other=0.0).to(tl.float32)
-        gt = tl.load(xg + rows[:, None] * sxg + chan_v[None, :], mask=live[:, None] & mv[None, :], other=0.0).to(tl.float32)
-    a = tl.exp(tl.load(A_log + h).to(tl.float32))
-    dtb = tl.load(dt_bias + chan_k, mask=mk, other=0.0).to(tl.float32)
-    g = tl.where(live[:, None], lower_bound * tl.sigmoid(a * (f + dtb[None, :])), 0.0)
-    beta = tl.where(live, tl.sigmoid(tl.load(xb + rows * sxb + h, mask=live, other=0.0).to(tl.float32)), 0.0)
-
-    # The delta rule over the chunk (u_t = beta_t (v_t - k_t . S'_t), S'_t the state decayed
-    # before token t): with D[t, i] = exp(g_{i+1} + ... + g_t) per key channel and e_t = D[t, -1],
-    #   u = (I + A)^-1 beta (v - (k e) S_0),  A[t, i] = beta_t sum_K k_t k_i D[t, i]  (i < t),
-    #   o_t = (q_t e_t) S_0 + sum_{i <= t} (sum_K q_t k_i D[t, i]) u_i.
-    # D sums each range of g directly (a difference of prefix sums would lose |prefix| x eps
-    # of its exponent), and the states go token by token as the recurrence does.
-    tt = t[:, None] >= t[None, :]  # [t, i]: i <= t
-    rng = tl.cumsum(tl.where((t[:, None] > t[None, :])[:, :, None], g[:, None, :], 0.0), 0)
-    D = tl.where(tt[:, :, None], tl.exp(rng), 0.0)  # [t, i, K]
-    e = tl.exp(tl.cumsum(g, 0))
-    m_s = mk[:, None] & mv[None, :]
-    p_s = S + b * sS_b + h * sS_h + ok[:, None] * sS_k + ov[None, :] * sS_v
-    s = tl.load(p_s, mask=m_s, other=0.0)
-    rhs = (v - _mm(k * e, s)) * beta[:, None]
-    A = tl.where(t[:, None] > t[None, :], tl.sum(k[:, None, :] * k[None, :, :] * D, 2), 0.0) * beta[:, None]
-    # (I + A)^-1 = (I - A)(I + A^2)(I + A^4)...: A is strictly lower triangular, A^TP = 0
-    eye = tl.where(t[:, None] == t[None, :], 1.0, 0.0)
-    inv = eye - A
-    power = A
-    for _ in tl.static_range(SQUARINGS):
-        power = _mm(power, power)
-        inv = _mm(inv, eye + power)
-    u = _mm(inv, rhs)
-    o = _mm(q * e, s) + _mm(tl.sum(q[:, None, :] * k[None, :, :] * D, 2), u)  # [TP, BV]
-    for i in tl.static_range(T):  # elementwise only: every row is already in registers
-        s = s * tl.exp(_row(g, t, i))[:, None] + _row(k, t, i)[:, None] * _row(u, t, i)[None, :]
-        tl.store(TS + b * sT_b + i * sT_t + h * sT_h + ok[:, None] * sT_k + ov[None, :] * sT_v, s, mask=m_s)
-    tl.store(p_s, s, mask=m_s)
-
-    m_o = live[:, None] & mv[None, :]
-    if NV == 1:
-        o = tl.where(m_o, o, 0.0)
-        rstd = 1.0 / tl.sqrt(tl.sum(o * o, 1) / V + eps_norm)
-        nw = tl.load(norm_w + ov, mask=mv, other=0.0).to(tl.float32)
-        y = o * rstd[:, None] * nw[None, :] * tl.sigmoid(gt)
-        tl.store(out + rows[:, None] * sout + chan_v[None, :], y.to(out.dtype.element_ty), mask=m_o)
-    else:  # the head's last tile to arrive normalises its T rows
-        ws = (rows[:, None] * H + h) * V + ov[None, :]
-        tl.store(o_ws + ws, o, mask=m_o)
-        tl.store(g_ws + ws, gt, mask=m_o)
-        tl.debug_barrier()  # every o / gate row of this program is stored before its ticket
-        arrived = tl.atomic_add(counter + b * H + h, 1, sem="acq_rel")
-        if arrived == NV - 1:
-            of = tl.arange(0, BVF)
-            mf = live[:, None] & (of < V)[None, :]
-            wsf = (rows[:, None] * H + h) * V + of[None, :]
-            oo = tl.load(o_ws + wsf, mask=mf, other=0.0, cache_modifier=".cg")
-            gg = tl.load(g_ws + wsf, mask=mf, other=0.0, cache_modifier=".cg")
-            nwf = tl.load(norm_w + of, mask=of < V, other=0.0).to(tl.float32)
-            rstd = 1.0 / tl.sqrt(tl.sum(oo * oo, 1) / V + eps_norm)
-            y = oo * rstd[:, None] * nwf[None, :] * tl.sigmoid(gg)
-            tl.store(out + rows[:, None] * sout + h * V + of[None, :], y.to(out.dtype.element_ty), mask=mf)
-            tl.atomic_xchg(counter + b * H + h, 0)
-
-
 def kda_verify(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f: torch.Tensor | None, b: torch.Tensor,
     gate: torch.Tensor | None,
@@ -333,12 +174,11 @@ def kda_verify(
     scale: float | None = None, eps_l2: float = 1e-6, eps_norm: float = 1e-6,
     lower_bound: float = KD.LOWER_BOUND, out: torch.Tensor | None = None,
     low_rank: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, num_warps: int | None = None,
-    block_v: int | None = None, form: str | None = None,
+    block_v: int | None = None,
 ) -> torch.Tensor:
     """One verify step of ``tokens`` = T tokens per sequence (module docstring). Updates ``state``
     (to after all T tokens), fills ``states`` [B, T, H, K, V] and ``window`` [B, 3d, W-1+T];
-    returns ``out`` [B*T, H*V]. ``block_v``: the V-tile width (default ``choose_block_v``);
-    ``form``: "serial" or "chunk" (default ``FORM``; module docstring, "Forms")."""
+    returns ``out`` [B*T, H*V]. ``block_v``: the V-tile width (default ``choose_block_v``)."""
     T, H, K, V = tokens, num_heads, head_k, head_v
     B = state.shape[0]
     M = B * T
@@ -360,10 +200,8 @@ def kda_verify(
         assert t_.shape[0] == M and t_.stride(-1) == 1 and (n is None or t_.shape[1] == n), (t_.shape, n)
     if out is None:
         out = torch.empty((M, H * V), dtype=v.dtype, device=v.device)
-    form = form or FORM
-    assert form in FORMS, f"kda_verify: form {form!r} is not one of {FORMS}"
     BK, BVF = triton.next_power_of_2(K), triton.next_power_of_2(V)
-    BV = min(block_v or choose_block_v(B, H, V, T, form), BVF)
+    BV = min(block_v or choose_block_v(B, H, V, T), BVF)
     NV = triton.cdiv(V, BV)
     if NV > 1:
         o_ws = torch.empty((M, H, V), dtype=torch.float32, device=v.device)
@@ -372,16 +210,8 @@ def kda_verify(
     else:
         o_ws = g_ws = counter = state  # not read
     trace.engaged(COMPONENT, VARIANT + ("_low_rank" if low_rank is not None else ""),
-                  batch=B, tokens=T, heads=H, head_k=K, head_v=V, block_v=BV, form=form)
-    TP = triton.next_power_of_2(T)
-    if form == "chunk":
-        assert T * abs(lower_bound) < 80, "kda_verify: chunk form's exp(-cumsum g) would overflow fp32"
-        kernel, extra = kda_verify_chunk_kernel, dict(TP=TP, SQUARINGS=max(TP.bit_length() - 2, 0),
-                                                      RC=min(16, triton.next_power_of_2(max(R, 1))))
-        warps = 4 if TP * BK * BV <= 16384 else 8
-    else:
-        kernel, extra, warps = kda_verify_kernel, {}, 4 if BK * BV <= 8192 else 8
-    kernel[(B, H, NV)](
+                  batch=B, tokens=T, heads=H, head_k=K, head_v=V, block_v=BV)
+    kda_verify_kernel[(B, H, NV)](
         q, k, v, f, b, gate, q.stride(0), k.stride(0), v.stride(0), f.stride(0), b.stride(0), gate.stride(0),
         conv_q, conv_k, conv_v, *conv_q.stride(), *conv_k.stride(), *conv_v.stride(),
         conv_wq, conv_wk, conv_wv, *conv_wq.stride(), *conv_wk.stride(), *conv_wv.stride(),
@@ -391,20 +221,18 @@ def kda_verify(
         float(scale if scale is not None else K ** -0.5), float(eps_l2), float(eps_norm), float(lower_bound),
         T=T, H=H, K=K, V=V, BK=BK, BV=BV, BVF=BVF, NV=NV, W=W, WP=triton.next_power_of_2(W),
         LOWRANK=low_rank is not None, R=R, RP=triton.next_power_of_2(max(R, 1)),
-        num_warps=num_warps or warps, **extra,
+        num_warps=num_warps or (4 if BK * BV <= 8192 else 8),
     )
     return out
 
 
-def choose_block_v(batch: int, heads: int, v_dim: int, tokens: int, form: str = "serial") -> int:
+def choose_block_v(batch: int, heads: int, v_dim: int, tokens: int) -> int:
     """V-tile width, from the H200 sweep of lab/gpu_verify_kernels.py (perf notes, run Z; K3-mini
     heads, V = 128): T <= 4 tokens, 4 tiles at every batch (1.4-2.1x the unsplit kernel); T = 8,
     fewer, wider tiles as the batch grows (8 tiles at B*H = 32, 4 at 64, 2 from 128 on), since
     each tile program re-forms q and k for every token and the head's last program normalises T
-    rows. Tiles stay >= 16 columns. The chunk form: 4 tiles (provisional, before its sweep)."""
-    if form == "chunk":
-        nv = 4
-    elif tokens <= 4:
+    rows. Tiles stay >= 16 columns."""
+    if tokens <= 4:
         nv = 4
     else:
         bh = batch * heads
@@ -487,7 +315,7 @@ def make_inputs(shape: dict, value_class: str = "normal", dtype: Any = torch.flo
                 device: Any = "cpu", seed: int = 0) -> dict:
     """kda_decode's inputs for ``shape["tokens"]`` = T tokens per sequence, as rows b*T + t."""
     T = int(shape["tokens"])
-    base = {k: v for k, v in shape.items() if k not in ("tokens", "block_v", "form")}
+    base = {k: v for k, v in shape.items() if k not in ("tokens", "block_v")}
     inp = KD.make_inputs(dict(base, steps=T), value_class, dtype, device, seed)
     B = shape["batch"]
     del inp["steps"]
@@ -498,9 +326,8 @@ def make_inputs(shape: dict, value_class: str = "normal", dtype: Any = torch.flo
         fg_a, f_b, g_b = inp["low_rank"]
         inp["low_rank"] = (fg_a.transpose(0, 1).flatten(0, 1).contiguous(), f_b, g_b)
     inp["tokens"] = T
-    for key in ("block_v", "form"):
-        if shape.get(key):
-            inp[key] = shape[key]
+    if shape.get("block_v"):
+        inp["block_v"] = shape["block_v"]
     assert inp["q"].shape[0] == B * T
     return inp
 
@@ -515,14 +342,12 @@ def kernel_entry(device: Any = None) -> KernelSpec:
         shapes += [dict(batch=2, tokens=8, rank=128, **hk), dict(batch=3, tokens=3, heads=3, head_k=96, head_v=80),
                    dict(batch=8, tokens=4, block_v=128, **hk), dict(batch=4, tokens=8, rank=128, block_v=64, **hk),
                    dict(batch=3, tokens=3, heads=3, head_k=96, head_v=80, block_v=32)]
-        shapes += [dict(s, form="chunk") for s in shapes]
     else:  # Triton interpreter: small heads
         hk = dict(heads=2, head_k=16, head_v=16)
         shapes = [dict(batch=bs, tokens=t, **hk) for t in (4, 8) for bs in (1, 3, 16)]
         shapes += [dict(batch=2, tokens=4, rank=12, **hk), dict(batch=2, tokens=3, heads=3, head_k=12, head_v=20),
                    dict(batch=3, tokens=4, block_v=8, **hk), dict(batch=2, tokens=4, rank=12, block_v=4, **hk),
                    dict(batch=2, tokens=3, heads=3, head_k=12, head_v=20, block_v=8)]
-        shapes += [dict(s, form="chunk") for s in shapes]
     return KernelSpec(name="kda_verify", component=COMPONENT, fast=fast, standard=standard, oracle=oracle,
                       make_inputs=make_inputs, shapes=shapes, value_classes=["normal", "large", "near_zero"],
                       dtypes=default_dtypes(device), k=2.0, deterministic=True,
