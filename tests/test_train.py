@@ -642,6 +642,37 @@ def test_the_probe_scores_a_tiers_eval_documents_per_bucket():
     assert wrong["aime25"]["exact"] == 0
 
 
+def test_the_probe_adds_a_tiers_eval_documents_to_its_summary(tmp_path, monkeypatch):
+    """--with-eval-documents: the probe's figures and the tier's in one JSON file (h200.sh's
+    probe.json, where a command returns at most 8 files); with --eval-documents it is refused."""
+    from types import SimpleNamespace
+
+    import optimized_model.k3.engine as k3_engine
+
+    weights = tmp_path / "w.safetensors"
+    weights.write_bytes(b"weights")
+    calls = []
+
+    class Engine:
+        def __init__(self, **kw):
+            calls.append(kw)
+
+        def load(self, path):
+            return SimpleNamespace(tokenizer=K3Tokenizer())
+
+    monkeypatch.setattr(k3_engine, "EmbeddedEngine", Engine)
+    monkeypatch.setattr(checkpoint, "export_meta", lambda path: {"config": "trained"})
+    monkeypatch.setattr(probe, "probe", lambda *a, **kw: {"mrcr_400": {"score": 0.5}})
+    monkeypatch.setattr(probe, "probe_eval_documents", lambda model, tok, tier, *a, **kw: {"tier": tier})
+    out = tmp_path / "probe.json"
+    assert probe.main([str(weights), "--with-eval-documents", "full", "--out", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["mrcr_400"] == {"score": 0.5} and summary["eval_documents"] == {"tier": "full"}
+    assert len(calls) == 1
+    with pytest.raises(SystemExit) as exc:
+        probe.main([str(weights), "--eval-documents", "full", "--with-eval-documents", "full"])
+    assert exc.value.code == 2 and len(calls) == 1
+
 def test_an_ordinal_copy_task_asks_for_one_of_several_texts_of_a_heading_by_its_place():
     for seed in range(50):
         prompt, answer = copy_tasks.ordinal_pair(seed)

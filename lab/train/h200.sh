@@ -9,12 +9,14 @@
 # Carry `.whl` (fla-core 0.6.0, for chunk_kda's forward and backward) and, for a later run, the
 # folder holding the previous run's state-*.safetensors and train-log.jsonl (e.g. `.train`).
 # $OUT gets state-00..03.safetensors (53 MiB), train-log.jsonl, autotune.tar.gz, probe.json and
-# logs.tar.gz: 8 files, the most a command returns.
+# logs.tar.gz: 8 files, the most a command returns (a ninth would be left out).
 # lab/train/run.py stops itself inside --budget, so the state is saved before the step's limit;
-# then the probe (lab/train/probe.py) says what the weights can do on the tasks, not only the loss.
+# then the probe (lab/train/probe.py) says what the weights can do on the tasks, not only the loss,
+# and scores the full tier's eval documents (probe.json's "eval_documents": the figures a
+# checkpoint is adopted by).
 set -u
 resume=
 if [ -n "${1:-}" ] && [ "${1#--}" = "$1" ]; then resume=$1; shift; fi
 exec bash lab/gpu_steps.sh \
   "train:495:python3 -m lab.train.run --budget 480 --out \$OUT${resume:+ --resume $resume}${*:+ $*}" \
-  "probe:90:python3 -m lab.train.export \$OUT /tmp/probe.safetensors && python3 -m lab.train.probe /tmp/probe.safetensors --device cuda --mrcr-tokens 400,2000,8000 --out \$OUT/probe.json"
+  "probe:90:python3 -m lab.train.export \$OUT /tmp/probe.safetensors && python3 -m lab.train.probe /tmp/probe.safetensors --device cuda --mrcr-tokens 400,2000,8000 --with-eval-documents full --out \$OUT/probe.json"

@@ -142,10 +142,10 @@ def _document(kind: str, tok, seed: int, room: int, aime_style: str, copy_ordina
         row = eval_tasks.mrcr_row(seed, max(target, MRCR_MIN_PROMPT_TOKENS), tok, mrcr_needles)
         p, t = eval_tasks.render_mrcr(tok, row)
         h = eval_tasks.document_hash("mrcr", row)
-        if mrcr_choice_weight != 1.0:
-            weights = mrcr_target_weights(tok, row, len(t), mrcr_choice_weight)
     if h in eval_tasks.heldout_hashes() or len(p) + len(t) > room:
         return None
+    if kind == "mrcr" and mrcr_choice_weight != 1.0:
+        weights = mrcr_target_weights(tok, row, len(t), mrcr_choice_weight)
     return p, t, h, weights
 
 

@@ -212,9 +212,15 @@ def main(argv: list[str] | None = None) -> int:
                          "buckets reach 32768)")
     ap.add_argument("--eval-documents", choices=eval_tasks.TIERS, default=None,
                     help="score the evals suite's documents of this tier instead of probe documents")
+    ap.add_argument("--with-eval-documents", choices=eval_tasks.TIERS, default=None,
+                    help="score the probe documents and then the evals suite's documents of this tier, in "
+                         "one summary (its 'eval_documents'): one file where a command returns few")
     ap.add_argument("--max-tokens", type=int, default=32768,
-                    help="with --eval-documents: the largest MRCR bucket to score")
+                    help="with --eval-documents or --with-eval-documents: the largest MRCR bucket to score")
     args = ap.parse_args(argv)
+    if args.eval_documents and args.with_eval_documents:
+        ap.error("--eval-documents scores only the tier's documents; --with-eval-documents adds them to the probe: "
+                 "pass one")
 
     from lab.train import checkpoint
     from optimized_model.k3.engine import EmbeddedEngine
@@ -237,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         summary = probe(model, model.tokenizer, args.n, style, aime_steps=args.aime_steps,
                         mrcr_tokens=tuple(int(x) for x in args.mrcr_tokens.split(",")), say=say)
+        if args.with_eval_documents:
+            summary["eval_documents"] = probe_eval_documents(model, model.tokenizer, args.with_eval_documents,
+                                                             style, args.max_tokens, say)
     summary.update(weights=args.weights, sha256=digest, seconds=round(time.monotonic() - t0, 1))
     if args.out:
         with open(args.out, "w") as f:
