@@ -53,8 +53,8 @@ def kda_verify_table(shapes: list[tuple[int, int]], tiles: list[int], warps: lis
             H, V = K3["heads"], K3["head_v"]
             out = torch.empty(B * T, H * V, dtype=torch.bfloat16, device="cuda")
             us = graph_us(lambda: KV.kda_verify(*pos, out=out, **args))
-            print(f"| {B} | {T} | {rank or 'full (f, gate given)'} | {bv or 'default'} | {nw or 'default'} | {us:.1f} | {err:.2e} | "
-                  f"{tol:.2e} | {'yes' if err <= tol else 'NO'} |", flush=True)
+            print(f"| {B} | {T} | {rank or 'full (f, gate given)'} | {bv or 'default'} | {nw or 'default'} | "
+                  f"{us:.1f} | {err:.2e} | {tol:.2e} | {'yes' if err <= tol else 'NO'} |", flush=True)
 
 
 def commit_table(shapes: list[tuple[int, int]], context: int) -> None:
