@@ -5,6 +5,7 @@ suite's, rendered as its adapter sends them."""
 
 import dataclasses
 import json
+import math
 import re
 import time
 
@@ -696,3 +697,13 @@ def test_a_mix_asks_that_share_of_its_copy_tasks_by_place():
     saved = TrainConfig().to_json()
     del saved["mix"]["copy_ordinal"]
     assert TrainConfig.from_json(saved).mix.copy_ordinal == 0.0 == Mix().copy_ordinal
+
+
+def test_decay_half_lives_and_a_missing_document():
+    """lab.train.decay: ln 2 / -mean g per channel; a --doc the bucket lacks is one line naming both."""
+    from lab.train import decay
+
+    g = torch.tensor([[-math.log(2) / 100, -math.log(2) / 4], [-math.log(2) / 100, -math.log(2) / 4]])
+    assert torch.allclose(decay.half_lives(g), torch.tensor([100.0, 4.0]))
+    with pytest.raises(SystemExit, match=r"has 4 MRCR documents in bucket 1024; --doc 9 is not one of them"):
+        decay.main(["optimized_model/k3/checkpoints/trained.safetensors", "--bucket", "1024", "--doc", "9"])
