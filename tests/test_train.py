@@ -699,11 +699,16 @@ def test_a_mix_asks_that_share_of_its_copy_tasks_by_place():
     assert TrainConfig.from_json(saved).mix.copy_ordinal == 0.0 == Mix().copy_ordinal
 
 
-def test_decay_half_lives_and_a_missing_document():
-    """lab.train.decay: ln 2 / -mean g per channel; a --doc the bucket lacks is one line naming both."""
-    from lab.train import decay
+def test_mrcr_inspect_half_lives_needles_and_a_missing_document():
+    """lab.train.mrcr_inspect: ln 2 / -mean g per channel; the needles of a document and the place
+    of the asked one; a --doc the bucket lacks is one line naming both."""
+    from lab.train import mrcr_inspect
 
     g = torch.tensor([[-math.log(2) / 100, -math.log(2) / 4], [-math.log(2) / 100, -math.log(2) / 4]])
-    assert torch.allclose(decay.half_lives(g), torch.tensor([100.0, 4.0]))
+    assert torch.allclose(mrcr_inspect.half_lives(g), torch.tensor([100.0, 4.0]))
+    for row in eval_tasks.eval_documents("full")["mrcr"]:
+        texts, asked = mrcr_inspect.needles(row)
+        assert len(texts) == row["n_needles"] and row["answer"] == row["random_string_to_prepend"] + texts[asked - 1]
+        assert texts.count(texts[asked - 1]) == 1
     with pytest.raises(SystemExit, match=r"has 4 MRCR documents in bucket 1024; --doc 9 is not one of them"):
-        decay.main(["optimized_model/k3/checkpoints/trained.safetensors", "--bucket", "1024", "--doc", "9"])
+        mrcr_inspect.main(["optimized_model/k3/checkpoints/trained.safetensors", "--bucket", "1024", "--doc", "9"])

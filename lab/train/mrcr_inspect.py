@@ -1,0 +1,139 @@
+"""Inside one MRCR document of the evals suite, on the standard path on the CPU (fp32): what a
+weights file's layers do with the same-heading messages (the needles) it must choose between.
+
+    python3 -m lab.train.mrcr_inspect W --bucket 8192 --doc 2 --what attention
+    python3 -m lab.train.mrcr_inspect W --bucket 16384 --doc 2 --what decay
+
+``attention``: the prompt and the answer up to its heading line (the random string, then e.g.
+"Short story about bees:"), teacher-forced; at that last position, where the next token is the
+first that tells the needles apart, each MLA head's attention mass on each needle, and on its
+first content token. ``decay``: each KDA layer's channels by half-life in tokens (ln 2 / the
+mean of -g over the document's positions): how long a channel keeps half its state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+
+import torch
+import torch.nn.functional as F
+
+from fastpath.engine import GenerationRequest
+from fastpath.evals import mrcr
+from lab.train import eval_tasks
+from optimized_model.k3.engine import EmbeddedEngine
+
+
+def half_lives(g: torch.Tensor) -> torch.Tensor:
+    """Per-channel half-lives in tokens of log-decays g [positions, channels] (mean over positions)."""
+    return math.log(2) / (-g.float().mean(0)).clamp_min(1e-9)
+
+
+def load(weights: str):
+    """The standard path of ``weights`` (the trained config) on the CPU in fp32."""
+    with open(weights, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    engine = EmbeddedEngine(config="trained", device="cpu", dtype="float32", weights=weights,
+                            weights_sha256=digest, threads=2, standard_compile="off")
+    return engine.load("standard")
+
+
+def document(tok, tier: str, bucket: int, doc: int) -> dict:
+    rows = [r for r in eval_tasks.eval_documents(tier)["mrcr"]
+            if mrcr.bucket_of(len(eval_tasks.render_mrcr(tok, r)[0])) == bucket]
+    if not 0 <= doc < len(rows):
+        raise SystemExit(f"mrcr_inspect: the {tier} tier has {len(rows)} MRCR documents in bucket {bucket}; "
+                         f"--doc {doc} is not one of them")
+    return rows[doc]
+
+
+def needles(row: dict) -> tuple[list[str], int]:
+    """(the needles' texts in order, the 1-based place of the one asked for)."""
+    msgs = mrcr.messages(row)
+    ask = msgs[row["desired_msg_index"] - 1]["content"]
+    texts = [msgs[i + 1]["content"] for i, m in enumerate(msgs[:-1]) if m["role"] == "user" and m["content"] == ask]
+    return texts, texts.index(row["answer"].removeprefix(row["random_string_to_prepend"])) + 1
+
+
+def find(ids: list[int], sub: list[int]) -> int:
+    for s in range(len(ids) - len(sub) + 1):
+        if ids[s:s + len(sub)] == sub:
+            return s
+    raise ValueError("mrcr_inspect: a needle's tokens are not in the prompt")
+
+
+def attention(loaded, row: dict) -> None:
+    tok, k3, cfg = loaded.tokenizer, loaded.model, loaded.model.cfg
+    prompt, target = eval_tasks.render_mrcr(tok, row)
+    texts, asked = needles(row)
+    heading = texts[0].split("\n", 1)[0] + "\n"
+    forced = tok.encode(row["random_string_to_prepend"] + heading, bos=False)
+    assert target[:len(forced)] == forced, "mrcr_inspect: the answer does not start with its heading"
+    ids = list(prompt) + forced
+    spans = [(s, s + n) for s, n in ((find(ids, t), len(t)) for t in (tok.encode(x, bos=False) for x in texts))]
+    seen = {}
+    q_c = k3._mla_q_c
+
+    def recording(i, x):  # the prefill's call sees every position
+        q, c = q_c(i, x)
+        if x.shape[1] > 1:
+            seen[i] = (q.detach(), c.detach())
+        return q, c
+
+    k3._mla_q_c = recording
+    loaded.generate([GenerationRequest(prompt_ids=ids, max_tokens=1)])
+    print(f"{len(ids)} tokens, {len(texts)} needles, the {mrcr.ordinal(asked)} asked; "
+          "attention of the position after the answer's heading:")
+    print("| layer | head | mass on needles 1.. | on their first content token |")
+    print("|---:|---:|---|---|")
+    last = len(ids) - 1
+    for i, (q, c) in sorted(seen.items()):
+        k = F.linear(c, k3.W(i, "kv_b")).unflatten(-1, (cfg.mla_heads, -1))[..., :cfg.qk_nope]
+        p = (torch.einsum("hd,thd->ht", q[0, last], k[0, :last + 1]) * cfg.qk_nope ** -0.5).softmax(-1)
+        for h in range(cfg.mla_heads):
+            mass = " ".join(f"{p[h, s:e].sum():.2f}" for s, e in spans)
+            first = " ".join(f"{p[h, s + len(heading)]:.2f}" for s, _ in spans)
+            print(f"| {i} | {h} | {mass} | {first} |")
+
+
+def decay(loaded, row: dict) -> None:
+    prompt, _ = eval_tasks.render_mrcr(loaded.tokenizer, row)
+    k3, seen = loaded.model, {}
+    gates = k3._kda_gates
+
+    def recording(i, x):  # the prefill's call: g [1, positions, H, K]
+        g, beta = gates(i, x)
+        seen.setdefault(i, g.detach().flatten(0, -3).flatten(1))
+        return g, beta
+
+    k3._kda_gates = recording
+    loaded.generate([GenerationRequest(prompt_ids=prompt, max_tokens=1)])
+    print(f"{len(prompt)} tokens, {row['n_needles']} needles; KDA channels by half-life (tokens):")
+    print("| layer | channels | max | 5th | 20th | median | > 2k | > 8k |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for i, g in sorted(seen.items()):
+        hl = half_lives(g)
+        top = hl.sort(descending=True).values
+        print(f"| {i} | {hl.numel()} | {top[0]:.0f} | {top[4]:.0f} | {top[19]:.0f} | {top[len(top) // 2]:.1f} | "
+              f"{int((hl > 2048).sum())} | {int((hl > 8192).sum())} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("weights")
+    ap.add_argument("--what", choices=("attention", "decay"), default="attention")
+    ap.add_argument("--tier", default="full", choices=eval_tasks.TIERS)
+    ap.add_argument("--bucket", type=int, default=8192, help="the MRCR bucket of the document")
+    ap.add_argument("--doc", type=int, default=0, help="which of the bucket's documents")
+    args = ap.parse_args(argv)
+    loaded = load(args.weights)
+    row = document(loaded.tokenizer, args.tier, args.bucket, args.doc)
+    print(f"{args.tier} MRCR document {args.doc} of bucket {args.bucket}: ", end="")
+    (attention if args.what == "attention" else decay)(loaded, row)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
