@@ -707,7 +707,7 @@ def test_mrcr_inspect_half_lives_needles_and_a_missing_document():
     g = torch.tensor([[-math.log(2) / 100, -math.log(2) / 4], [-math.log(2) / 100, -math.log(2) / 4]])
     assert torch.allclose(mrcr_inspect.half_lives(g), torch.tensor([100.0, 4.0]))
     for row in eval_tasks.eval_documents("full")["mrcr"]:
-        texts, asked = mrcr_inspect.needles(row)
+        texts, asked = eval_tasks.mrcr_needles(row)
         assert len(texts) == row["n_needles"] and row["answer"] == row["random_string_to_prepend"] + texts[asked - 1]
         assert texts.count(texts[asked - 1]) == 1
     with pytest.raises(SystemExit, match=r"has 4 MRCR documents in bucket 1024; --doc 9 is not one of them"):

@@ -127,6 +127,15 @@ def mrcr_row(seed: int, target_tokens: int, tok, needle_weights: tuple[tuple[int
     return row
 
 
+def mrcr_needles(row: dict) -> tuple[list[str], int]:
+    """An MRCR document's needles (the assistant messages of the asked heading, in order) and the
+    1-based place of the one it asks for."""
+    msgs = mrcr.messages(row)
+    ask = msgs[row["desired_msg_index"] - 1]["content"]
+    texts = [msgs[i + 1]["content"] for i, m in enumerate(msgs[:-1]) if m["role"] == "user" and m["content"] == ask]
+    return texts, texts.index(row["answer"].removeprefix(row["random_string_to_prepend"])) + 1
+
+
 def aime_steps(seed: int, room: int, style: str = aime.SOLUTION_STYLE) -> int | None:
     """Operations of a training problem whose prompt and solution (in ``style``) fit ``room``
     tokens, or None."""

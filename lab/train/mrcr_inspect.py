@@ -14,7 +14,6 @@ mean of -g over the document's positions): how long a channel keeps half its sta
 from __future__ import annotations
 
 import argparse
-import hashlib
 import math
 
 import torch
@@ -22,22 +21,12 @@ import torch.nn.functional as F
 
 from fastpath.engine import GenerationRequest
 from fastpath.evals import mrcr
-from lab.train import eval_tasks
-from optimized_model.k3.engine import EmbeddedEngine
+from lab.train import eval_tasks, probe
 
 
 def half_lives(g: torch.Tensor) -> torch.Tensor:
     """Per-channel half-lives in tokens of log-decays g [positions, channels] (mean over positions)."""
     return math.log(2) / (-g.float().mean(0)).clamp_min(1e-9)
-
-
-def load(weights: str):
-    """The standard path of ``weights`` (the trained config) on the CPU in fp32."""
-    with open(weights, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
-    engine = EmbeddedEngine(config="trained", device="cpu", dtype="float32", weights=weights,
-                            weights_sha256=digest, threads=2, standard_compile="off")
-    return engine.load("standard")
 
 
 def document(tok, tier: str, bucket: int, doc: int) -> dict:
@@ -47,14 +36,6 @@ def document(tok, tier: str, bucket: int, doc: int) -> dict:
         raise SystemExit(f"mrcr_inspect: the {tier} tier has {len(rows)} MRCR documents in bucket {bucket}; "
                          f"--doc {doc} is not one of them")
     return rows[doc]
-
-
-def needles(row: dict) -> tuple[list[str], int]:
-    """(the needles' texts in order, the 1-based place of the one asked for)."""
-    msgs = mrcr.messages(row)
-    ask = msgs[row["desired_msg_index"] - 1]["content"]
-    texts = [msgs[i + 1]["content"] for i, m in enumerate(msgs[:-1]) if m["role"] == "user" and m["content"] == ask]
-    return texts, texts.index(row["answer"].removeprefix(row["random_string_to_prepend"])) + 1
 
 
 def find(ids: list[int], sub: list[int]) -> int:
@@ -67,7 +48,7 @@ def find(ids: list[int], sub: list[int]) -> int:
 def attention(loaded, row: dict) -> None:
     tok, k3, cfg = loaded.tokenizer, loaded.model, loaded.model.cfg
     prompt, target = eval_tasks.render_mrcr(tok, row)
-    texts, asked = needles(row)
+    texts, asked = eval_tasks.mrcr_needles(row)
     heading = texts[0].split("\n", 1)[0] + "\n"
     forced = tok.encode(row["random_string_to_prepend"] + heading, bos=False)
     assert target[:len(forced)] == forced, "mrcr_inspect: the answer does not start with its heading"
@@ -128,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bucket", type=int, default=8192, help="the MRCR bucket of the document")
     ap.add_argument("--doc", type=int, default=0, help="which of the bucket's documents")
     args = ap.parse_args(argv)
-    loaded = load(args.weights)
+    loaded = probe.load_standard(args.weights)[0]
     row = document(loaded.tokenizer, args.tier, args.bucket, args.doc)
     print(f"{args.tier} MRCR document {args.doc} of bucket {args.bucket}: ", end="")
     (attention if args.what == "attention" else decay)(loaded, row)

@@ -163,12 +163,9 @@ def mrcr_choice(text: str, row: dict) -> dict:
     """Which same-heading message a generation copied: ``asked`` (the k-th the document wants) and
     ``chose`` (the message of the heading it matches best, graded as MRCR grades; None if it matches
     none, e.g. without the random string), of ``needles``."""
-    msgs = mrcr.messages(row)
-    ask = msgs[row["desired_msg_index"] - 1]["content"]
-    needles = [msgs[i + 1]["content"] for i, m in enumerate(msgs[:-1]) if m["role"] == "user" and m["content"] == ask]
+    needles, asked = eval_tasks.mrcr_needles(row)
     secret = row["random_string_to_prepend"]
     matches = [mrcr.grade(text, secret + n, secret) for n in needles]
-    asked = needles.index(row["answer"].removeprefix(secret)) + 1
     best = max(range(len(needles)), key=matches.__getitem__)
     return {"needles": len(needles), "asked": asked, "chose": best + 1 if matches[best] > 0 else None}
 
@@ -199,6 +196,24 @@ def probe_eval_documents(model, tok, tier: str, aime_style: str, max_tokens: int
     return out
 
 
+def load_standard(weights: str, device: str = "cpu"):
+    """(the standard path's model, the file's export metadata, its sha256) of a weights file
+    lab.train.export wrote (or the committed checkpoint); fp32 on the CPU."""
+    from lab.train import checkpoint
+    from optimized_model.k3.engine import EmbeddedEngine
+
+    with open(weights, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    # the config and the style the weights learnt: lab.train.export records both (a CPU trial's may be
+    # tiny); the committed checkpoint's are the trained config and aime's default
+    meta = checkpoint.export_meta(weights)
+    engine = EmbeddedEngine(config=meta.get("config", "trained"), device=device,
+                            dtype="float32" if device == "cpu" else None, weights=weights,
+                            weights_sha256=digest, threads=2 if device == "cpu" else None,
+                            standard_compile="off")  # no Inductor compile inside a training command's minute
+    return engine.load("standard"), meta, digest
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("weights", help="a safetensors file lab.train.export wrote (or the committed checkpoint)")
@@ -222,20 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--eval-documents scores only the tier's documents; --with-eval-documents adds them to the probe: "
                  "pass one")
 
-    from lab.train import checkpoint
-    from optimized_model.k3.engine import EmbeddedEngine
-
-    with open(args.weights, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
-    # the config and the style the weights learnt: lab.train.export records both (a CPU trial's may be
-    # tiny); the committed checkpoint's are the trained config and aime's default
-    meta = checkpoint.export_meta(args.weights)
+    model, meta, digest = load_standard(args.weights, args.device)
     style = meta.get("aime_style", aime.SOLUTION_STYLE)
-    engine = EmbeddedEngine(config=meta.get("config", "trained"), device=args.device,
-                            dtype="float32" if args.device == "cpu" else None, weights=args.weights,
-                            weights_sha256=digest, threads=2 if args.device == "cpu" else None,
-                            standard_compile="off")  # no Inductor compile inside a training command's minute
-    model = engine.load("standard")
     t0 = time.monotonic()
     say = lambda s: print(s, flush=True)  # noqa: E731
     if args.eval_documents:
