@@ -45,6 +45,25 @@ def find(ids: list[int], sub: list[int]) -> int:
     raise ValueError("mrcr_inspect: a needle's tokens are not in the prompt")
 
 
+def prefill_results(loaded, ids: list[int], method: str) -> dict:
+    """Each layer's result of ``K3Model.<method>(i, x)`` in the prefill of ``ids`` (its first call
+    per layer), detached; the method is restored after."""
+    k3, seen = loaded.model, {}
+    inner = getattr(k3, method)
+
+    def recording(i, x):
+        out = inner(i, x)
+        seen.setdefault(i, tuple(t.detach() for t in out))
+        return out
+
+    setattr(k3, method, recording)
+    try:
+        loaded.generate([GenerationRequest(prompt_ids=ids, max_tokens=1)])
+    finally:
+        delattr(k3, method)  # the instance attribute goes; the class's method is seen again
+    return seen
+
+
 def attention(loaded, row: dict) -> None:
     tok, k3, cfg = loaded.tokenizer, loaded.model, loaded.model.cfg
     prompt, target = eval_tasks.render_mrcr(tok, row)
@@ -54,17 +73,7 @@ def attention(loaded, row: dict) -> None:
     assert target[:len(forced)] == forced, "mrcr_inspect: the answer does not start with its heading"
     ids = list(prompt) + forced
     spans = [(s, s + n) for s, n in ((find(ids, t), len(t)) for t in (tok.encode(x, bos=False) for x in texts))]
-    seen = {}
-    q_c = k3._mla_q_c
-
-    def recording(i, x):  # the prefill's call sees every position
-        q, c = q_c(i, x)
-        if x.shape[1] > 1:
-            seen[i] = (q.detach(), c.detach())
-        return q, c
-
-    k3._mla_q_c = recording
-    loaded.generate([GenerationRequest(prompt_ids=ids, max_tokens=1)])
+    seen = prefill_results(loaded, ids, "_mla_q_c")  # q [1, T, H, nope], c [1, T, C]
     print(f"{len(ids)} tokens, {len(texts)} needles, the {mrcr.ordinal(asked)} asked; "
           "attention of the position after the answer's heading:")
     print("| layer | head | mass on needles 1.. | on their first content token |")
@@ -81,21 +90,12 @@ def attention(loaded, row: dict) -> None:
 
 def decay(loaded, row: dict) -> None:
     prompt, _ = eval_tasks.render_mrcr(loaded.tokenizer, row)
-    k3, seen = loaded.model, {}
-    gates = k3._kda_gates
-
-    def recording(i, x):  # the prefill's call: g [1, positions, H, K]
-        g, beta = gates(i, x)
-        seen.setdefault(i, g.detach().flatten(0, -3).flatten(1))
-        return g, beta
-
-    k3._kda_gates = recording
-    loaded.generate([GenerationRequest(prompt_ids=prompt, max_tokens=1)])
+    seen = prefill_results(loaded, prompt, "_kda_gates")  # g [1, positions, H, K], beta
     print(f"{len(prompt)} tokens, {row['n_needles']} needles; KDA channels by half-life (tokens):")
     print("| layer | channels | max | 5th | 20th | median | > 2k | > 8k |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for i, g in sorted(seen.items()):
-        hl = half_lives(g)
+    for i, (g, _) in sorted(seen.items()):
+        hl = half_lives(g.flatten(0, -3).flatten(1))
         top = hl.sort(descending=True).values
         print(f"| {i} | {hl.numel()} | {top[0]:.0f} | {top[4]:.0f} | {top[19]:.0f} | {top[len(top) // 2]:.1f} | "
               f"{int((hl > 2048).sum())} | {int((hl > 8192).sum())} |")
