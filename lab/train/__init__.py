@@ -10,3 +10,7 @@ in ``fastpath/evals``), ``json_tasks`` (the JSON generator), ``mix`` (rows and b
 ``throughput`` (the CPU micro-benchmark behind the H200 estimate in docs/k3-mini.md).
 Nothing outside lab/ imports this package.
 """
+
+from lab.train import configs as _configs
+
+_configs.register()  # the lab's configs resolve by name in every lab.train process (configs.py says why)

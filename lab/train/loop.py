@@ -139,6 +139,11 @@ def train(tc: TrainConfig, *, device: str, out_dir: str | Path, deadline: float,
     resumed run's schedule a new length (total_train_s), from its step on: a longer one raises the
     learning rate again (lr_at)."""
     out_dir = Path(out_dir)
+    saved = checkpoint.load_state(resume) if resume else None
+    if saved and saved[1]["train_config"] != json.loads(json.dumps(tc.to_json())):
+        # before the model is built: a state of another config (e.g. trained_mla8) sizes its weights
+        say("note: resuming with the training config the state was saved with")
+        tc = TrainConfig.from_json(saved[1]["train_config"])
     cfg = get_config(tc.config)
     model = TrainableK3.create(cfg, device=device, compute_dtype=compute_dtype, seed=tc.init_seed,
                                kda_backend=kda_backend, moe_backend=moe_backend)
@@ -154,11 +159,8 @@ def train(tc: TrainConfig, *, device: str, out_dir: str | Path, deadline: float,
             for name, t in model.master.items():
                 t.copy_(weights[name])
         say(f"weights from {init_from} (step {from_step}); a fresh optimizer, step 0")
-    if resume:
-        tensors, meta = checkpoint.load_state(resume)
-        if meta["train_config"] != json.loads(json.dumps(tc.to_json())):
-            say("note: resuming with the training config the state was saved with")
-            tc = TrainConfig.from_json(meta["train_config"])
+    if saved:
+        tensors, meta = saved
         step, trained_s, history = int(meta["step"]), float(meta["trained_s"]), list(meta.get("runs", []))
         checkpoint.restore(model, opt, tensors, step)
         prev_log = Path(resume) / LOG_NAME

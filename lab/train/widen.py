@@ -1,0 +1,77 @@
+"""More MLA heads for trained weights, computing what they computed:
+``python3 -m lab.train.widen IN.safetensors OUT.safetensors [--noise 0.1] [--seed 0]``.
+
+Session 30 found MRCR's choice among same-heading messages made by the first MLA layer's four
+heads, each spread over two or three needles, and every 8-needle document of 8k and 16k missed
+(docs/k3-mini.md, "Where the choice is made"). Whether four heads are too few is tested here by
+widening trained weights, not by training a wider config from scratch (run 3 took ~1,200 s of
+H200 time): every MLA head is copied (its rows of q_b, kv_b and gate_proj), each copy's o_proj
+columns halved, so with ``--noise 0`` the wide model computes what the narrow one did. Noise on
+the copies' query rows (``--noise`` times each head's own spread) breaks the symmetry that would
+keep each pair identical under training. A fine-tune then starts from OUT with
+``--config trained_mla8`` (h200.sh ``--init-from OUT --config trained_mla8 ...``); the config is
+lab/train/configs.py's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+
+import torch
+
+from lab.train.configs import TRAINED_MLA8 as WIDE
+from optimized_model.k3.config import TRAINED, K3Config
+
+FACTOR = WIDE.mla_heads // TRAINED.mla_heads
+
+
+def widen(weights: dict[str, torch.Tensor], cfg: K3Config, *, noise: float, seed: int) -> dict[str, torch.Tensor]:
+    """``weights`` of ``cfg`` with every MLA layer's heads doubled (head h and head h + H alike)."""
+    gen = torch.Generator().manual_seed(seed)
+    H, nope, v = cfg.mla_heads, cfg.qk_nope, cfg.v_head
+    out = dict(weights)
+    for i, kind in enumerate(cfg.layer_kinds):
+        if kind != "mla":
+            continue
+        p = f"L{i}."
+        q = weights[p + "q_b"].float().view(H, nope, -1)
+        copy = q + noise * q.std(dim=(1, 2), keepdim=True) * torch.randn(q.shape, generator=gen)
+        out[p + "q_b"] = torch.cat([q, copy]).flatten(0, 1)
+        kv = weights[p + "kv_b"].float().view(H, nope + v, -1)
+        out[p + "kv_b"] = torch.cat([kv, kv]).flatten(0, 1)
+        gate = weights[p + "gate_proj"].float().view(H, v, -1)
+        out[p + "gate_proj"] = torch.cat([gate, gate]).flatten(0, 1)
+        o = weights[p + "o_proj"].float() / FACTOR  # [hidden, H * v]: each copy carries half
+        out[p + "o_proj"] = torch.cat([o, o], dim=1)
+        for name in ("q_b", "kv_b", "gate_proj", "o_proj"):
+            out[p + name] = out[p + name].to(weights[p + name].dtype).contiguous()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from safetensors.torch import load_file
+
+    from lab.train import checkpoint
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("weights", help="an exported weights file of the trained config")
+    ap.add_argument("out")
+    ap.add_argument("--noise", type=float, default=0.1, help="the copies' query noise, times each head's spread")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    meta = checkpoint.export_meta(args.weights)
+    if meta.get("config", TRAINED.name) != TRAINED.name:
+        raise SystemExit(f"{args.weights} holds the {meta['config']!r} config's weights: widen the {TRAINED.name!r} config's")
+    source = hashlib.sha256(open(args.weights, "rb").read()).hexdigest()
+    wide = widen(load_file(args.weights), TRAINED, noise=args.noise, seed=args.seed)
+    path = checkpoint.export_weights(wide, args.out, {**meta, "config": WIDE.name,
+                                                      "widened_from": {"sha256": source, "noise": args.noise,
+                                                                       "seed": args.seed}})
+    print(f"{path}: {TRAINED.mla_heads} -> {WIDE.mla_heads} MLA heads from {args.weights} (sha256 {source[:8]}...), "
+          f"sha256 {hashlib.sha256(path.read_bytes()).hexdigest()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
