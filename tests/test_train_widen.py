@@ -24,17 +24,30 @@ def _per_position_ce(cfg, weights):
 def test_doubled_mla_heads_compute_what_the_narrow_model_did_until_the_noise_breaks_the_tie(one_torch_thread):
     narrow = get_config("trained")
     weights = TrainableK3.create(narrow, device="cpu", compute_dtype=torch.float32, seed=3).export(torch.float32)
-    wide = widen.widen(weights, narrow, noise=0.0, seed=0)
+    wide = widen.widen(weights, narrow, heads="copied", noise=0.0, seed=0)
     assert get_config("trained_mla8").mla_heads == 2 * narrow.mla_heads
     assert wide["L3.q_b"].shape[0] == 2 * weights["L3.q_b"].shape[0] and wide["L7.o_proj"].shape[1] == 2 * weights["L7.o_proj"].shape[1]
     assert torch.equal(wide["L0.qkv_proj"], weights["L0.qkv_proj"])
     base = _per_position_ce(narrow, weights)
     torch.testing.assert_close(_per_position_ce(get_config("trained_mla8"), wide), base, rtol=1e-4, atol=1e-4)
-    noisy = widen.widen(weights, narrow, noise=0.5, seed=0)
+    noisy = widen.widen(weights, narrow, heads="copied", noise=0.5, seed=0)
     H, nope = narrow.mla_heads, narrow.qk_nope
     assert torch.equal(noisy["L3.q_b"][: H * nope], weights["L3.q_b"])  # the originals stay
     assert not torch.equal(noisy["L3.q_b"][H * nope:], weights["L3.q_b"])  # the copies move
     assert (_per_position_ce(get_config("trained_mla8"), noisy) - base).abs().max() > 1e-3
+
+
+def test_fresh_heads_start_silent_with_queries_unlike_the_old_ones(one_torch_thread):
+    narrow = get_config("trained")
+    weights = TrainableK3.create(narrow, device="cpu", compute_dtype=torch.float32, seed=3).export(torch.float32)
+    wide = widen.widen(weights, narrow, heads="fresh", seed=0)
+    H, nope, v = narrow.mla_heads, narrow.qk_nope, narrow.v_head
+    assert torch.equal(wide["L3.o_proj"][:, : H * v], weights["L3.o_proj"])  # the old heads speak as before
+    assert float(wide["L3.o_proj"][:, H * v:].abs().max()) == 0.0  # the new ones not yet
+    new_q, old_q = wide["L3.q_b"][H * nope:], weights["L3.q_b"]
+    assert abs(float(torch.nn.functional.cosine_similarity(new_q.flatten(), old_q.flatten(), dim=0))) < 0.05
+    torch.testing.assert_close(_per_position_ce(get_config("trained_mla8"), wide), _per_position_ce(narrow, weights),
+                               rtol=1e-4, atol=1e-4)
 
 
 def test_a_fine_tune_starts_from_the_widened_file(tmp_path, one_torch_thread):

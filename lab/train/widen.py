@@ -1,14 +1,15 @@
 """More MLA heads for trained weights, computing what they computed:
-``python3 -m lab.train.widen IN.safetensors OUT.safetensors [--noise 0.1] [--seed 0]``.
+``python3 -m lab.train.widen IN.safetensors OUT.safetensors [--heads fresh|copied] [--seed 0]``.
 
 Session 30 found MRCR's choice among same-heading messages made by the first MLA layer's four
 heads, each spread over two or three needles, and every 8-needle document of 8k and 16k missed
 (docs/k3-mini.md, "Where the choice is made"). Whether four heads are too few is tested here by
 widening trained weights, not by training a wider config from scratch (run 3 took ~1,200 s of
-H200 time): every MLA head is copied (its rows of q_b, kv_b and gate_proj), each copy's o_proj
-columns halved, so with ``--noise 0`` the wide model computes what the narrow one did. Noise on
-the copies' query rows (``--noise`` times each head's own spread) breaks the symmetry that would
-keep each pair identical under training. A fine-tune then starts from OUT with
+H200 time). Each MLA layer gets a second set of heads (rows of q_b, kv_b and gate_proj, columns
+of o_proj) such that the wide model computes what the narrow one did: either copies sharing
+their heads' outputs (``--heads copied``, with query noise against the symmetry; session 31's
+stayed pairwise alike through 1,873 steps of training), or new heads with fresh queries and
+silent outputs (``--heads fresh``, the default). A fine-tune then starts from OUT with
 ``--config trained_mla8`` (h200.sh ``--init-from OUT --config trained_mla8 ...``); the config is
 lab/train/configs.py's.
 """
@@ -24,10 +25,18 @@ from lab.train.configs import TRAINED_MLA8 as WIDE
 from optimized_model.k3.config import TRAINED, K3Config
 
 FACTOR = WIDE.mla_heads // TRAINED.mla_heads
+HEADS = ("fresh", "copied")
 
 
-def widen(weights: dict[str, torch.Tensor], cfg: K3Config, *, noise: float, seed: int) -> dict[str, torch.Tensor]:
-    """``weights`` of ``cfg`` with every MLA layer's heads doubled (head h and head h + H alike)."""
+def widen(weights: dict[str, torch.Tensor], cfg: K3Config, *, heads: str = "fresh", noise: float = 0.1,
+          seed: int = 0) -> dict[str, torch.Tensor]:
+    """``weights`` of ``cfg`` with every MLA layer's heads doubled: head h + H is head h's copy.
+    ``heads="copied"``: each pair shares its o_proj columns' halves, the copy's query rows moved by
+    ``noise`` times the head's spread. ``heads="fresh"``: the new heads' queries drawn anew at the
+    init's scale (weights.py) and their o_proj columns zero, so they start silent and unlike the
+    old ones (session 31's copied heads were still pairwise alike after 1,873 steps)."""
+    if heads not in HEADS:
+        raise ValueError(f"heads={heads!r}: choose one of {HEADS}")
     gen = torch.Generator().manual_seed(seed)
     H, nope, v = cfg.mla_heads, cfg.qk_nope, cfg.v_head
     out = dict(weights)
@@ -36,14 +45,17 @@ def widen(weights: dict[str, torch.Tensor], cfg: K3Config, *, noise: float, seed
             continue
         p = f"L{i}."
         q = weights[p + "q_b"].float().view(H, nope, -1)
-        copy = q + noise * q.std(dim=(1, 2), keepdim=True) * torch.randn(q.shape, generator=gen)
-        out[p + "q_b"] = torch.cat([q, copy]).flatten(0, 1)
+        if heads == "copied":
+            new_q = q + noise * q.std(dim=(1, 2), keepdim=True) * torch.randn(q.shape, generator=gen)
+        else:
+            new_q = cfg.q_lora ** -0.5 * torch.randn(q.shape, generator=gen)
+        out[p + "q_b"] = torch.cat([q, new_q]).flatten(0, 1)
         kv = weights[p + "kv_b"].float().view(H, nope + v, -1)
         out[p + "kv_b"] = torch.cat([kv, kv]).flatten(0, 1)
         gate = weights[p + "gate_proj"].float().view(H, v, -1)
         out[p + "gate_proj"] = torch.cat([gate, gate]).flatten(0, 1)
-        o = weights[p + "o_proj"].float() / FACTOR  # [hidden, H * v]: each copy carries half
-        out[p + "o_proj"] = torch.cat([o, o], dim=1)
+        o = weights[p + "o_proj"].float()  # [hidden, H * v]
+        out[p + "o_proj"] = torch.cat([o / FACTOR, o / FACTOR] if heads == "copied" else [o, torch.zeros_like(o)], dim=1)
         for name in ("q_b", "kv_b", "gate_proj", "o_proj"):
             out[p + name] = out[p + name].to(weights[p + name].dtype).contiguous()
     return out
@@ -57,17 +69,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("weights", help="an exported weights file of the trained config")
     ap.add_argument("out")
-    ap.add_argument("--noise", type=float, default=0.1, help="the copies' query noise, times each head's spread")
+    ap.add_argument("--heads", choices=HEADS, default="fresh", help="the new heads: fresh queries and silent "
+                    "outputs, or copies of the old ones (widen's docstring)")
+    ap.add_argument("--noise", type=float, default=0.1, help="--heads copied: the copies' query noise, times each "
+                    "head's spread")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     meta = checkpoint.export_meta(args.weights)
     if meta.get("config", TRAINED.name) != TRAINED.name:
         raise SystemExit(f"{args.weights} holds the {meta['config']!r} config's weights: widen the {TRAINED.name!r} config's")
     source = hashlib.sha256(open(args.weights, "rb").read()).hexdigest()
-    wide = widen(load_file(args.weights), TRAINED, noise=args.noise, seed=args.seed)
+    wide = widen(load_file(args.weights), TRAINED, heads=args.heads, noise=args.noise, seed=args.seed)
     path = checkpoint.export_weights(wide, args.out, {**meta, "config": WIDE.name,
-                                                      "widened_from": {"sha256": source, "noise": args.noise,
-                                                                       "seed": args.seed}})
+                                                      "widened_from": {"sha256": source, "heads": args.heads,
+                                                                       "noise": args.noise, "seed": args.seed}})
     print(f"{path}: {TRAINED.mla_heads} -> {WIDE.mla_heads} MLA heads from {args.weights} (sha256 {source[:8]}...), "
           f"sha256 {hashlib.sha256(path.read_bytes()).hexdigest()}")
     return 0
