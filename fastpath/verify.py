@@ -143,7 +143,9 @@ def progress_line(row: dict) -> str:
 
 
 class ProgressHook:
-    """A pytest plugin object: prints a line per new row and notices Ctrl-C."""
+    """A pytest plugin object: prints a line per new row, advances the suite's bar per case that
+    wrote rows, and notices Ctrl-C. A test that wrote none is a helper test or a case given back
+    for a retry alone (out of GPU memory beside other shards): the retry advances the bar once."""
 
     def __init__(self, rows_path: Path, console: Any, on_case: Any) -> None:
         self.rows_path, self.console, self.on_case = rows_path, console, on_case
@@ -154,8 +156,9 @@ class ProgressHook:
         rows = read_rows(self.rows_path)
         for row in rows[self.seen:]:
             self.console.print(progress_line(row), highlight=False, markup=False, soft_wrap=True)
+        if len(rows) > self.seen:
+            self.on_case()
         self.seen = len(rows)
-        self.on_case()
 
     def pytest_keyboard_interrupt(self, excinfo: Any) -> None:
         self.interrupted = True

@@ -173,3 +173,26 @@ def test_verify_shows_notes_in_a_non_tty_log(tmp_path):
            Console(file=buf, force_terminal=False, width=200))
     assert "inside the long case" in buf.getvalue()
     assert "inside the long case" in (tmp_path / "run" / "state" / "logs" / "kernels.log").read_text()
+
+
+def test_the_bar_advances_once_per_case_that_wrote_rows_not_for_a_released_case_or_a_helper(tmp_path):
+    from fastpath.verify import ProgressHook
+
+    class Quiet:
+        def print(self, *a, **k):
+            pass
+
+    rows_path, advanced = tmp_path / "rows.jsonl", []
+    hook = ProgressHook(rows_path, Quiet(), lambda: advanced.append(1))
+
+    def finish(*new_rows):
+        with open(rows_path, "a", encoding="utf-8") as fh:
+            for r in new_rows:
+                fh.write(json.dumps(r) + "\n")
+        hook.pytest_runtest_logfinish("node", None)
+
+    row = make_row("parity", "parity/b1", "top1", "agreement", 1.0, passed=True)
+    finish(row, row)  # a case of two rows
+    finish()  # a helper test, or a case released for its retry alone: no rows
+    finish(row)  # the released case's retry
+    assert len(advanced) == 2
