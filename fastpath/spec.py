@@ -160,6 +160,9 @@ SCHEMA = Field("table", fields={
             "data": Field("str"),  # JSONL or parquet rows with problem, answer instead of generated ones
             **{t: _EVAL_TIER for t in TIERS}}),
     }),
+    # Optional: named engine options, pulled into a tier's options map by `use = "NAME"` (the map's
+    # other keys laid over them), so e.g. a checkpoint's path and digest are written once
+    "engine_option_sets": Field("map", values=Field("map", values=Field("data"))),
     "tiers": Field("map", required=True, keys=TIERS, values=Field("table", fields={
         "description": Field("str"),
         "engine_options": Field("map", values=Field("data")),
@@ -183,6 +186,8 @@ SCHEMA = Field("table", fields={
         "description": Field("str"),
     }, rest=Field("data"))),
 })
+
+USE = "use"  # the key of an engine options map that names an [engine_option_sets] set
 
 SCOPE_DEFAULTS = {"tensor_parallel": [1], "draft_lengths": [0], "max_verify_rows": None, "dcp_sizes": [1],
                   "fallbacks": {}}
@@ -476,7 +481,14 @@ def _semantic_checks(data: dict, v: _Validator) -> None:
                 if c > limit:
                     v.err(["tiers", tier_name, "coverage_variants", name, "context_lengths", i],
                           f"{c} exceeds the tier's max_context = {limit}")
+        sets = data.get("engine_option_sets", {})
         for where, opts in options:
+            use = opts.get(USE)
+            if use is not None and (not isinstance(use, str) or use not in sets):
+                v.err(["tiers", tier_name, *where, USE], f"{use!r} is not a set of [engine_option_sets]; expected one of "
+                      f"{', '.join(map(repr, sorted(sets))) or '(none defined)'}")
+                continue
+            opts = _resolve_options(opts, sets)
             dtype = opts.get("dtype")
             if dtype is not None and dtype not in DTYPES:
                 v.err(["tiers", tier_name, *where, "dtype"],
@@ -535,17 +547,27 @@ def _perf(given: dict) -> dict:
     return perf
 
 
+def _resolve_options(options: dict, sets: dict) -> dict:
+    """An options map with its ``use = "NAME"`` replaced by that set's options, its own keys laid over."""
+    if USE not in options:
+        return dict(options)
+    return {**sets[options[USE]], **{k: v for k, v in options.items() if k != USE}}
+
+
 def _build(path: Path, data: dict, text: str, digest: str) -> Spec:
     scope = {**SCOPE_DEFAULTS, **data["scope"]}
     features = {**FEATURE_DEFAULTS, **data["features"]}
+    sets = data.get("engine_option_sets", {})
     tiers = {}
     for name, t in data["tiers"].items():
-        options = dict(t.get("engine_options", {}))
+        options = _resolve_options(t.get("engine_options", {}), sets)
         tier_scope = {**scope, **{k: t[k] for k in SCOPE_OVERRIDES if k in t}}
         dtypes = list(t.get("dtypes") or [options.get("dtype", "float32")])
+        variants = {k: {**copy.deepcopy(v), "engine_options": _resolve_options(v["engine_options"], sets)}
+                    for k, v in t.get("coverage_variants", {}).items()}
         tiers[name] = Tier(name, options, tier_scope, dtypes, t.get("max_context", features["max_context"]),
-                           {k: dict(v) for k, v in t.get("suite_engine_options", {}).items()},
-                           {k: copy.deepcopy(v) for k, v in t.get("coverage_variants", {}).items()})
+                           {k: _resolve_options(v, sets) for k, v in t.get("suite_engine_options", {}).items()},
+                           variants)
     gates_data = data["gates"]
     gates = Gates(gates_data["version"], {k: dict(v) for k, v in gates_data.items() if k != "version"})
     fp = data["fastpath"]

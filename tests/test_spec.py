@@ -219,3 +219,33 @@ def test_synthetic_acceptance_length_is_validated_and_keyed_by_draft(tmp_path):
     missing.write_text(missing.read_text().replace("max_context = 64", "max_context = 64\nspeculative_decoding = true", 1))
     assert ("perf.synthetic_acceptance_length: draft length 3 is in scope but has no acceptance length; "
             "add 3 = AL (1 <= AL <= 4)") in error_of(missing)
+
+
+def test_a_named_set_of_engine_options_is_written_once_and_used_by_name(tmp_path):
+    sets = '[engine_option_sets.trained]\nconfig = "trained"\nweights_sha256 = "ab"\n\n[tiers.smoke]'
+    path = spec_with(tmp_path, "[tiers.smoke]", sets)
+    text = path.read_text().replace('engine_options = { mode = "good", dtype = "bfloat16" }',
+                                    'engine_options = { mode = "good", dtype = "bfloat16" }\n'
+                                    'suite_engine_options.parity = { use = "trained", weights_sha256 = "cd" }\n'
+                                    'coverage_variants.trained = { engine_options = { use = "trained" } }')
+    path.write_text(text)
+    full = load_spec(path).tier("full")
+    # the set, then the map's own keys over it, then (as before) over the tier's engine_options
+    assert full.engine_options_for("parity") == {"mode": "good", "dtype": "bfloat16", "config": "trained",
+                                                  "weights_sha256": "cd"}
+    assert full.engine_options_for("coverage", "trained")["weights_sha256"] == "ab"
+    assert full.engine_options_for("perf") == {"mode": "good", "dtype": "bfloat16"}
+    path.write_text(text.replace('{ use = "trained" } }', '{ use = "trainde" } }'))
+    assert ("tiers.full.coverage_variants.trained.engine_options.use: 'trainde' is not a set of "
+            "[engine_option_sets]; expected one of 'trained'") in error_of(path)
+    path.write_text(text.replace('weights_sha256 = "ab"', 'dtype = "bf16"'))
+    assert "tiers.full.suite_engine_options.parity.dtype: 'bf16' is not allowed" in error_of(path)
+
+
+def test_the_real_spec_names_its_checkpoint_once():
+    text = REAL_SPEC.read_text()
+    spec = load_spec(REAL_SPEC)
+    digest = spec.tier("full").engine_options_for("parity")["weights_sha256"]
+    assert text.count(digest) == 1
+    for tier in ("smoke", "full"):
+        assert spec.tier(tier).engine_options_for("coverage", "trained")["weights_sha256"] == digest
