@@ -712,3 +712,25 @@ def test_mrcr_inspect_half_lives_needles_and_a_missing_document():
         assert texts.count(texts[asked - 1]) == 1
     with pytest.raises(SystemExit, match=r"has 4 MRCR documents in bucket 1024; --doc 9 is not one of them"):
         mrcr_inspect.main(["optimized_model/k3/checkpoints/trained.safetensors", "--bucket", "1024", "--doc", "9"])
+
+
+def test_mrcr_inspect_silences_each_mla_head_at_the_choice(capsys, one_torch_thread):
+    """``--what heads``: a row per MLA head beside the unsilenced one; silencing a head whose output
+    gate is shut moves nothing, silencing the committed weights' open heads moves the choice's
+    log-probabilities (a smoke document, ~4 s)."""
+    from lab.train import mrcr_inspect
+
+    assert mrcr_inspect.main(["optimized_model/k3/checkpoints/trained.safetensors", "--tier", "smoke",
+                              "--bucket", "512", "--doc", "0", "--what", "heads"]) == 0
+    rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith(("| none", "| layer"))]
+    cfg = get_config("trained")
+    assert len(rows) == 1 + cfg.n_mla * cfg.mla_heads
+    base = [float(v) for v in rows[0][2].split()]
+    moved = []
+    for row in rows[1:]:
+        gate = float(re.search(r"gate ([0-9.]+)", row[1]).group(1))
+        shift = max(abs(float(v) - b) for v, b in zip(row[2].split(), base))
+        if gate <= 0.01:
+            assert shift <= 0.1, row
+        moved.append(shift)
+    assert max(moved) > 1.0

@@ -51,8 +51,10 @@ def test_fresh_heads_start_silent_with_queries_unlike_the_old_ones(one_torch_thr
     H, nope, v = narrow.mla_heads, narrow.qk_nope, narrow.v_head
     assert torch.equal(wide["L3.o_proj"][:, : H * v], weights["L3.o_proj"])  # the old heads speak as before
     assert float(wide["L3.o_proj"][:, H * v:].abs().max()) == 0.0  # the new ones not yet
-    new_q, old_q = wide["L3.q_b"][H * nope:], weights["L3.q_b"]
-    assert abs(float(torch.nn.functional.cosine_similarity(new_q.flatten(), old_q.flatten(), dim=0))) < 0.05
+    for name, rows in (("q_b", H * nope), ("gate_proj", H * v)):  # queries and gates drawn anew
+        new, old = wide[f"L3.{name}"][rows:], weights[f"L3.{name}"]
+        assert abs(float(torch.nn.functional.cosine_similarity(new.flatten(), old.flatten(), dim=0))) < 0.05, name
+    assert torch.equal(wide["L3.kv_b"][H * (nope + v):], weights["L3.kv_b"])  # keys and values copied
     torch.testing.assert_close(_per_position_ce(get_config("trained_mla8"), wide), _per_position_ce(narrow, weights),
                                rtol=1e-4, atol=1e-4)
 

@@ -2,13 +2,16 @@
 weights file's layers do with the same-heading messages (the needles) it must choose between.
 
     python3 -m lab.train.mrcr_inspect W --bucket 8192 --doc 2 --what attention
+    python3 -m lab.train.mrcr_inspect W --bucket 8192 --doc 2 --what heads
     python3 -m lab.train.mrcr_inspect W --bucket 16384 --doc 2 --what decay
 
 ``attention``: the prompt and the answer up to its heading line (the random string, then e.g.
 "Short story about bees:"), teacher-forced; at that last position, where the next token is the
 first that tells the needles apart, each MLA head's attention mass on each needle, and on its
-first content token. ``decay``: each KDA layer's channels by half-life in tokens (ln 2 / the
-mean of -g over the document's positions): how long a channel keeps half its state.
+first content token. ``heads``: at that position, the log-probability of each needle's first
+content token with each MLA head silenced in turn, and each head's output gate. ``decay``: each
+KDA layer's channels by half-life in tokens (ln 2 / the mean of -g over the document's
+positions): how long a channel keeps half its state.
 """
 
 from __future__ import annotations
@@ -88,6 +91,54 @@ def attention(loaded, row: dict) -> None:
             print(f"| {i} | {h} | {mass} | {first} |")
 
 
+def heads(loaded, row: dict) -> None:
+    """At the position after the answer's heading (as ``attention``): the log-probability of each
+    needle's first content token, with every MLA head as it is and with each one silenced there in
+    turn (its output zeroed at that position only), beside each head's output gate (mean over its
+    values): which head's output the choice follows."""
+    tok, k3, cfg = loaded.tokenizer, loaded.model, loaded.model.cfg
+    prompt, target = eval_tasks.render_mrcr(tok, row)
+    texts, asked = eval_tasks.mrcr_needles(row)
+    heading = texts[0].split("\n", 1)[0] + "\n"
+    forced = tok.encode(row["random_string_to_prepend"] + heading, bos=False)
+    ids = list(prompt) + forced
+    skip = len(tok.encode(heading, bos=False))
+    firsts = [tok.encode(t, bos=False)[skip] for t in texts]
+    gates: dict[int, torch.Tensor] = {}
+    inner = k3._mla_out
+
+    def last_logprobs(silence: tuple[int, int] | None) -> torch.Tensor:
+        def out(i, o, x):
+            gate = torch.sigmoid(F.linear(x[0, -1], k3.W(i, "gate_proj")))
+            gates.setdefault(i, gate.view(cfg.mla_heads, -1).mean(-1))
+            if silence is not None and silence[0] == i:
+                o = o.clone()
+                o[:, -1, silence[1]] = 0
+            return inner(i, o, x)
+
+        k3._mla_out = out
+        try:
+            logits = k3.prefill(torch.tensor([ids]), torch.tensor([len(ids)]), k3.new_state(1, len(ids) + 1))
+        finally:
+            del k3._mla_out
+        return logits[0].float().log_softmax(-1)
+
+    def line(name: str, lp: torch.Tensor) -> str:
+        per = [float(lp[t]) for t in firsts]
+        best = max(range(len(per)), key=per.__getitem__)
+        return f"| {name} | {' '.join(f'{v:.1f}' for v in per)} | {best + 1} |"
+
+    print(f"{len(ids)} tokens, {len(texts)} needles, the {mrcr.ordinal(asked)} asked "
+          f"(first content tokens {firsts}); log-probability of each needle's first content token:")
+    print("| MLA head silenced | needles 1.. | the likeliest |")
+    print("|---|---|---:|")
+    print(line("none", last_logprobs(None)))
+    mla = [i for i, kind in enumerate(cfg.layer_kinds) if kind == "mla"]
+    for i in mla:
+        for h in range(cfg.mla_heads):
+            print(line(f"layer {i} head {h} (gate {float(gates[i][h]):.2f})", last_logprobs((i, h))))
+
+
 def decay(loaded, row: dict) -> None:
     prompt, _ = eval_tasks.render_mrcr(loaded.tokenizer, row)
     seen = prefill_results(loaded, prompt, "_kda_gates")  # g [1, positions, H, K], beta
@@ -104,7 +155,7 @@ def decay(loaded, row: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("weights")
-    ap.add_argument("--what", choices=("attention", "decay"), default="attention")
+    ap.add_argument("--what", choices=("attention", "heads", "decay"), default="attention")
     ap.add_argument("--tier", default="full", choices=eval_tasks.TIERS)
     ap.add_argument("--bucket", type=int, default=8192, help="the MRCR bucket of the document")
     ap.add_argument("--doc", type=int, default=0, help="which of the bucket's documents")
@@ -112,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     loaded = probe.load_standard(args.weights)[0]
     row = document(loaded.tokenizer, args.tier, args.bucket, args.doc)
     print(f"{args.tier} MRCR document {args.doc} of bucket {args.bucket}: ", end="")
-    (attention if args.what == "attention" else decay)(loaded, row)
+    {"attention": attention, "heads": heads, "decay": decay}[args.what](loaded, row)
     return 0
 
 

@@ -9,7 +9,7 @@ H200 time). Each MLA layer gets a second set of heads (rows of q_b, kv_b and gat
 of o_proj) such that the wide model computes what the narrow one did: either copies sharing
 their heads' outputs (``--heads copied``, with query noise against the symmetry; session 31's
 stayed pairwise alike through 1,873 steps of training), or new heads with fresh queries and
-silent outputs (``--heads fresh``, the default). A fine-tune then starts from OUT with
+gates, silent outputs (``--heads fresh``, the default). A fine-tune then starts from OUT with
 ``--config trained_mla8`` (h200.sh ``--init-from OUT --config trained_mla8 ...``); the config is
 lab/train/configs.py's.
 """
@@ -32,9 +32,10 @@ def widen(weights: dict[str, torch.Tensor], cfg: K3Config, *, heads: str = "fres
           seed: int = 0) -> dict[str, torch.Tensor]:
     """``weights`` of ``cfg`` with every MLA layer's heads doubled: head h + H is head h's copy.
     ``heads="copied"``: each pair shares its o_proj columns' halves, the copy's query rows moved by
-    ``noise`` times the head's spread. ``heads="fresh"``: the new heads' queries drawn anew at the
-    init's scale (weights.py) and their o_proj columns zero, so they start silent and unlike the
-    old ones (session 31's copied heads were still pairwise alike after 1,873 steps)."""
+    ``noise`` times the head's spread. ``heads="fresh"``: the new heads' queries and output gates
+    drawn anew at the init's scales (weights.py) and their o_proj columns zero, so they start
+    silent and unlike the old ones (session 31's copied heads were still pairwise alike after
+    1,873 steps)."""
     if heads not in HEADS:
         raise ValueError(f"heads={heads!r}: choose one of {HEADS}")
     gen = torch.Generator().manual_seed(seed)
@@ -53,7 +54,10 @@ def widen(weights: dict[str, torch.Tensor], cfg: K3Config, *, heads: str = "fres
         kv = weights[p + "kv_b"].float().view(H, nope + v, -1)
         out[p + "kv_b"] = torch.cat([kv, kv]).flatten(0, 1)
         gate = weights[p + "gate_proj"].float().view(H, v, -1)
-        out[p + "gate_proj"] = torch.cat([gate, gate]).flatten(0, 1)
+        # fresh heads' gates drawn anew too: a layer whose trained gates are shut (the last MLA
+        # layer's are ~0 at MRCR's choice, docs/k3-mini.md) would leave copies of them shut
+        new_gate = gate if heads == "copied" else cfg.hidden ** -0.5 * torch.randn(gate.shape, generator=gen)
+        out[p + "gate_proj"] = torch.cat([gate, new_gate]).flatten(0, 1)
         o = weights[p + "o_proj"].float()  # [hidden, H * v]
         out[p + "o_proj"] = torch.cat([o / FACTOR, o / FACTOR] if heads == "copied" else [o, torch.zeros_like(o)], dim=1)
         for name in ("q_b", "kv_b", "gate_proj", "o_proj"):
