@@ -67,14 +67,20 @@ def prefill_results(loaded, ids: list[int], method: str) -> dict:
     return seen
 
 
-def attention(loaded, row: dict) -> None:
-    tok, k3, cfg = loaded.tokenizer, loaded.model, loaded.model.cfg
+def choice_prefix(tok, row: dict) -> tuple[list[int], list[str], int, str]:
+    """(the prompt and the answer up to its heading line, teacher-forced; the needles' texts; the
+    asked one's place; the heading line): after these ids the next token tells the needles apart."""
     prompt, target = eval_tasks.render_mrcr(tok, row)
     texts, asked = eval_tasks.mrcr_needles(row)
     heading = texts[0].split("\n", 1)[0] + "\n"
     forced = tok.encode(row["random_string_to_prepend"] + heading, bos=False)
     assert target[:len(forced)] == forced, "mrcr_inspect: the answer does not start with its heading"
-    ids = list(prompt) + forced
+    return list(prompt) + forced, texts, asked, heading
+
+
+def attention(loaded, row: dict) -> None:
+    tok, k3, cfg = loaded.tokenizer, loaded.model, loaded.model.cfg
+    ids, texts, asked, heading = choice_prefix(tok, row)
     spans = [(s, s + n) for s, n in ((find(ids, t), len(t)) for t in (tok.encode(x, bos=False) for x in texts))]
     seen = prefill_results(loaded, ids, "_mla_q_c")  # q [1, T, H, nope], c [1, T, C]
     print(f"{len(ids)} tokens, {len(texts)} needles, the {mrcr.ordinal(asked)} asked; "
@@ -97,11 +103,7 @@ def heads(loaded, row: dict) -> None:
     turn (its output zeroed at that position only), beside each head's output gate (mean over its
     values): which head's output the choice follows."""
     tok, k3, cfg = loaded.tokenizer, loaded.model, loaded.model.cfg
-    prompt, target = eval_tasks.render_mrcr(tok, row)
-    texts, asked = eval_tasks.mrcr_needles(row)
-    heading = texts[0].split("\n", 1)[0] + "\n"
-    forced = tok.encode(row["random_string_to_prepend"] + heading, bos=False)
-    ids = list(prompt) + forced
+    ids, texts, asked, heading = choice_prefix(tok, row)
     skip = len(tok.encode(heading, bos=False))
     firsts = [tok.encode(t, bos=False)[skip] for t in texts]
     gates: dict[int, torch.Tensor] = {}

@@ -30,7 +30,7 @@ HEADS = ("fresh", "copied")
 
 def widen(weights: dict[str, torch.Tensor], cfg: K3Config, *, heads: str = "fresh", noise: float = 0.1,
           seed: int = 0) -> dict[str, torch.Tensor]:
-    """``weights`` of ``cfg`` with every MLA layer's heads doubled: head h + H is head h's copy.
+    """``weights`` of ``cfg`` with every MLA layer's heads doubled (head h + H beside head h).
     ``heads="copied"``: each pair shares its o_proj columns' halves, the copy's query rows moved by
     ``noise`` times the head's spread. ``heads="fresh"``: the new heads' queries and output gates
     drawn anew at the init's scales (weights.py) and their o_proj columns zero, so they start
@@ -73,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("weights", help="an exported weights file of the trained config")
     ap.add_argument("out")
-    ap.add_argument("--heads", choices=HEADS, default="fresh", help="the new heads: fresh queries and silent "
-                    "outputs, or copies of the old ones (widen's docstring)")
+    ap.add_argument("--heads", choices=HEADS, default="fresh", help="the new heads: fresh queries and gates with "
+                    "silent outputs, or copies of the old ones (widen's docstring)")
     ap.add_argument("--noise", type=float, default=0.1, help="--heads copied: the copies' query noise, times each "
                     "head's spread")
     ap.add_argument("--seed", type=int, default=0)
