@@ -13,10 +13,12 @@
 # lab/train/run.py stops itself inside --budget, so the state is saved before the step's limit;
 # then the probe (lab/train/probe.py) says what the weights can do on the tasks, not only the loss,
 # and scores the full tier's eval documents (probe.json's "eval_documents": the figures a
-# checkpoint is adopted by).
+# checkpoint is adopted by). The state stays on the machine as ~/last-run, so the next call,
+# within the machine's idle release, resumes without carrying it: bash lab/train/h200.sh ~/last-run
 set -u
 resume=
 if [ -n "${1:-}" ] && [ "${1#--}" = "$1" ]; then resume=$1; shift; fi
 exec bash lab/gpu_steps.sh \
   "train:495:python3 -m lab.train.run --budget 480 --out \$OUT${resume:+ --resume $resume}${*:+ $*}" \
-  "probe:90:python3 -m lab.train.export \$OUT /tmp/probe.safetensors && python3 -m lab.train.probe /tmp/probe.safetensors --device cuda --mrcr-tokens 400,2000,8000 --with-eval-documents full --out \$OUT/probe.json"
+  "probe:90:python3 -m lab.train.export \$OUT /tmp/probe.safetensors && python3 -m lab.train.probe /tmp/probe.safetensors --device cuda --mrcr-tokens 400,2000,8000 --with-eval-documents full --out \$OUT/probe.json" \
+  "keep:10:rm -rf ~/last-run && mkdir -p ~/last-run && cp \$OUT/state-*.safetensors \$OUT/train-log.jsonl \$OUT/autotune.tar.gz ~/last-run/"
