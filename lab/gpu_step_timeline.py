@@ -9,8 +9,9 @@ a large share of its time between kernels (launch latency inside the graph, ramp
 each kernel). Prints per batch: step wall time, busy time per stream, total main-stream gap, the
 kernels in order (µs, grid), and writes $OUT/timeline.json when OUT is set. ``--drafts`` gives
 each batch verify steps too (draft d: a step of batch × (d + 1) rows). ``--patch`` applies
-a tuning-table patch {kernel: {field: value}} to the bucket serving each batch (as
-gpu_table_ab.py's variants do).
+a tuning-table patch {kernel: {field: value}} to the bucket serving each step's rows (batch ×
+(draft + 1): a verify step looks its row-wise kernels up at that many rows; as gpu_table_ab.py's
+variants do for decode), so a patch of a verify step reaches the GEMV bucket it runs.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def main() -> None:
     ap.add_argument("--drafts", default="0", help="draft lengths, comma list (0: a decode step)")
     ap.add_argument("--max-verify-rows", type=int, default=0,
                     help="profile verify steps past the spec's max_verify_rows (the buffers cover 64)")
-    ap.add_argument("--patch", default="{}", help="JSON {kernel: {field: value}} for the batch's bucket")
+    ap.add_argument("--patch", default="{}", help="JSON {kernel: {field: value}} for the bucket of each step's rows")
     args = ap.parse_args()
     patch = parse_patch(args.patch, "--patch")
     if args.max_verify_rows:
@@ -97,7 +98,7 @@ def main() -> None:
     out = []
     shapes = [(int(b), int(d)) for b in args.batches.split(",") for d in args.drafts.split(",")]
     for b, d in shapes:
-        with patched(table, patch, b):  # the step is captured and replayed under the patch
+        with patched(table, patch, b * (d + 1)):  # the step is captured and replayed under the patch
             step = model.decode_step(b, args.context, d)
             for _ in range(5):
                 step()
