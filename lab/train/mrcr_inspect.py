@@ -17,6 +17,7 @@ positions): how long a channel keeps half its state.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 
 import torch
@@ -48,22 +49,30 @@ def find(ids: list[int], sub: list[int]) -> int:
     raise ValueError("mrcr_inspect: a needle's tokens are not in the prompt")
 
 
+@contextlib.contextmanager
+def wrapped(k3, method: str, wrap):
+    """``k3.<method>`` replaced by ``wrap(inner)`` inside the block (inner: the model's own)."""
+    setattr(k3, method, wrap(getattr(k3, method)))
+    try:
+        yield
+    finally:
+        delattr(k3, method)  # the instance attribute goes; the class's method is seen again
+
+
 def prefill_results(loaded, ids: list[int], method: str) -> dict:
     """Each layer's result of ``K3Model.<method>(i, x)`` in the prefill of ``ids`` (its first call
     per layer), detached; the method is restored after."""
-    k3, seen = loaded.model, {}
-    inner = getattr(k3, method)
+    seen: dict = {}
 
-    def recording(i, x):
-        out = inner(i, x)
-        seen.setdefault(i, tuple(t.detach() for t in out))
-        return out
+    def recording(inner):
+        def record(i, x):
+            out = inner(i, x)
+            seen.setdefault(i, tuple(t.detach() for t in out))
+            return out
+        return record
 
-    setattr(k3, method, recording)
-    try:
+    with wrapped(loaded.model, method, recording):
         loaded.generate([GenerationRequest(prompt_ids=ids, max_tokens=1)])
-    finally:
-        delattr(k3, method)  # the instance attribute goes; the class's method is seen again
     return seen
 
 
@@ -107,22 +116,20 @@ def heads(loaded, row: dict) -> None:
     skip = len(tok.encode(heading, bos=False))
     firsts = [tok.encode(t, bos=False)[skip] for t in texts]
     gates: dict[int, torch.Tensor] = {}
-    inner = k3._mla_out
 
     def last_logprobs(silence: tuple[int, int] | None) -> torch.Tensor:
-        def out(i, o, x):
-            gate = torch.sigmoid(F.linear(x[0, -1], k3.W(i, "gate_proj")))
-            gates.setdefault(i, gate.view(cfg.mla_heads, -1).mean(-1))
-            if silence is not None and silence[0] == i:
-                o = o.clone()
-                o[:, -1, silence[1]] = 0
-            return inner(i, o, x)
+        def silencing(inner):
+            def out(i, o, x):
+                gate = torch.sigmoid(F.linear(x[0, -1], k3.W(i, "gate_proj")))
+                gates.setdefault(i, gate.view(cfg.mla_heads, -1).mean(-1))
+                if silence is not None and silence[0] == i:
+                    o = o.clone()
+                    o[:, -1, silence[1]] = 0
+                return inner(i, o, x)
+            return out
 
-        k3._mla_out = out
-        try:
+        with wrapped(k3, "_mla_out", silencing):
             logits = k3.prefill(torch.tensor([ids]), torch.tensor([len(ids)]), k3.new_state(1, len(ids) + 1))
-        finally:
-            del k3._mla_out
         return logits[0].float().log_softmax(-1)
 
     def line(name: str, lp: torch.Tensor) -> str:
