@@ -159,6 +159,15 @@ def gpu_info() -> dict | None:
     return _gpu_from_torch() or _gpu_from_smi()
 
 
+def machine_kind() -> str:
+    """What a run's evidence was measured on, in words: its GPUs' names and archs, or "cpu".
+    A resumed run must be on the same kind (verify): one bundle attests one kind of machine."""
+    gpu = gpu_info()
+    if not gpu:
+        return "cpu"
+    return ", ".join(f"{d['name']} ({d['arch']})" for d in gpu["devices"])
+
+
 def capture(argv: list[str], seeds: dict, repo_root: Path) -> dict:
     """The environment.json record of this run."""
     gpu = gpu_info()

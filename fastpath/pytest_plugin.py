@@ -16,6 +16,10 @@ released, and ``verify`` runs it again alone once the suite's shards are done (s
 alone (``alone``) or beside other suites (``shared``), it is an error row whose message names the
 cause and the fix.
 
+Each case's id is appended to ``--fastpath-finished`` once its rows are written; a resumed run
+passes the rows of the cases an interrupted attempt finished as ``--fastpath-kept``: those cases
+are deselected, and ``fp_kept_rows`` gives their rows to a case that sums the suite up.
+
 Outcome rows are filed under the marker's ``gate=``/``gates=``, else the gates the test
 recorded so far, else gate "" (which fails the verdict, so a gate-less failure is never lost).
 """
@@ -33,7 +37,7 @@ import pytest
 
 from fastpath.engine import switch_config
 from fastpath.plan import Plan, build_plan
-from fastpath.results import RowWriter, make_row
+from fastpath.results import RowWriter, make_row, read_rows
 from fastpath.run_state import RELEASED
 from fastpath.spec import Spec, Tier, load_spec
 
@@ -103,6 +107,7 @@ class ItemRecord:
     failing_rows: int = 0
     waived: bool = False
     released: bool = False  # ran out of GPU memory beside other shards: its retry alone reports it
+    sums_up: bool = False  # marker sums_up=True: reads the suite's other cases, so never kept by a resume
 
     def outcome_gates(self) -> list[str]:
         return self.declared_gates or list(dict.fromkeys(self.recorded_gates)) or [""]
@@ -112,8 +117,13 @@ class FastpathSession:
     """Per-pytest-session state: spec, tier, plan, the row sink and per-item records."""
 
     def __init__(self, spec: Spec, tier: Tier, plan: Plan, rows_path: Path | None, suite: str | None,
-                 shard: tuple[int, int] = (0, 1), claims: Path | None = None, oom: str = "alone") -> None:
+                 shard: tuple[int, int] = (0, 1), claims: Path | None = None, oom: str = "alone",
+                 finished: Path | None = None, kept: Path | None = None) -> None:
         self.spec, self.tier, self.plan, self.suite, self.shard = spec, tier, plan, suite, shard
+        self.finished = finished  # each case id once its rows are all written (what a resume keeps)
+        # rows of cases an earlier, interrupted attempt finished: not run again (RunState.keep_finished)
+        self.kept_rows = read_rows(kept) if kept else []
+        self.kept_cases = {r["case_id"] for r in self.kept_rows}
         self.claims = claims  # shared by the suite's shards: a shard runs the cases it claims first
         self.oom = oom  # what a case that runs out of GPU memory does (OOM_MODES)
         self.writer = RowWriter(rows_path) if rows_path else None
@@ -143,6 +153,12 @@ class FastpathSession:
         for row in [] if item.released else self.pending:
             self._emit(row)
         self.pending.clear()
+        if self.finished is not None and item.has_case and not item.released and not item.sums_up:
+            self.finished.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.finished, "a", encoding="utf-8") as note:
+                note.write(item.case_id + "\n")
+                note.flush()
+                os.fsync(note.fileno())
 
     def release(self, case_id: str) -> None:
         """Give the case back (it ran out of GPU memory beside other shards): a ``released/`` note
@@ -204,6 +220,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--fastpath-claims", help="with --fastpath-shard: a folder the suite's N shards share; each "
                     "runs the plan's cases in order, skipping those another shard claimed first (a shard that "
                     "drew short cases takes more), instead of the fixed positions")
+    group.addoption("--fastpath-finished", help="file each finished case's id is appended to (once its rows "
+                    "are written): what `fastpath verify --resume` keeps of an interrupted attempt")
+    group.addoption("--fastpath-kept", help="JSONL rows of cases an earlier attempt finished: those cases are not "
+                    "run again, and the fp_kept_rows fixture gives their rows (e.g. perf's summary table)")
     group.addoption("--fastpath-oom", default="alone", choices=OOM_MODES,
                     help="a case that runs out of GPU memory: 'defer' (a shard beside others, with --fastpath-claims: "
                          "release it for verify to run alone later), else an error row naming the fix ('alone': "
@@ -211,7 +231,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "fastpath(kind, gate=None, gates=None): a test over the plan's cases")
+    config.addinivalue_line("markers", "fastpath(kind, gate=None, gates=None, sums_up=False): a test over the "
+                            "plan's cases (sums_up: it reads the suite's other cases; a resume runs it again)")
     spec_path = config.getoption("fastpath_spec", None)
     if not spec_path:
         return
@@ -220,10 +241,11 @@ def pytest_configure(config: pytest.Config) -> None:
     plan_path = config.getoption("fastpath_plan")
     plan = Plan.from_json(json.loads(Path(plan_path).read_text())) if plan_path else build_plan(spec, tier)
     rows = config.getoption("fastpath_rows")
-    claims = config.getoption("fastpath_claims")
+    claims, finished, kept = (config.getoption(f"fastpath_{o}") for o in ("claims", "finished", "kept"))
     config.stash[STATE] = FastpathSession(spec, tier, plan, Path(rows) if rows else None,
                                           config.getoption("fastpath_suite"), _shard(config.getoption("fastpath_shard")),
-                                          Path(claims) if claims else None, config.getoption("fastpath_oom"))
+                                          Path(claims) if claims else None, config.getoption("fastpath_oom"),
+                                          Path(finished) if finished else None, Path(kept) if kept else None)
     if config.stash[STATE].oom == "defer" and not claims:
         raise pytest.UsageError("--fastpath-oom defer needs --fastpath-claims (the retry claims the released cases)")
 
@@ -285,9 +307,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # a kind the plan has no case of (e.g. features_speculative in a spec without that gate) is
     # parametrized with an empty set: nothing of the plan to run, so not an item at all
     empty = [i for i in items if _no_case(i)]
-    if empty:
-        config.hook.pytest_deselected(items=empty)
-        items[:] = [i for i in items if not _no_case(i)]
+    kept = [i for i in items if (_case(i) or {}).get("case_id") in state.kept_cases]
+    if empty or kept:
+        config.hook.pytest_deselected(items=empty + kept)
+        items[:] = [i for i in items if not _no_case(i) and i not in kept]
     if state.suite is None:
         suites = {state.suite_of(Path(str(i.path))) for i in items if i.get_closest_marker("fastpath")}
         if len(suites) == 1:
@@ -343,9 +366,10 @@ def _item_record(item: pytest.Item) -> ItemRecord:
         case = _case(item)
         suite = state.suite_of(Path(str(item.path)))
         case_id = case["case_id"] if case else f"{suite}/test/{item.name}"
+        marker = item.get_closest_marker("fastpath")
         state.items[item.nodeid] = ItemRecord(suite, case_id, dict(case["config"]) if case else {},
-                                              _marker_gates(item.get_closest_marker("fastpath")),
-                                              has_case=case is not None)
+                                              _marker_gates(marker), has_case=case is not None,
+                                              sums_up=bool(marker and marker.kwargs.get("sums_up")))
     return state.items[item.nodeid]
 
 
@@ -507,6 +531,13 @@ class VariantEngines:
             models.close()
         for engine in self._engines.values():
             _close(engine)
+
+
+@pytest.fixture(scope="session")
+def fp_kept_rows(request: pytest.FixtureRequest) -> list[dict]:
+    """Rows of the suite's cases an earlier, interrupted attempt of the run finished (not run
+    again): a case that sums the suite up (perf's summary) reads theirs from here."""
+    return list(_state(request.config).kept_rows)
 
 
 @pytest.fixture(scope="session")

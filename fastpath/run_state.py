@@ -44,6 +44,8 @@ class RunState:
             raise _torn(path, f"missing or non-string {', '.join(bad)}")
         if not isinstance(info.get("attested", {}), dict):
             raise _torn(path, "attested is not an object")
+        if not isinstance(info.get("machine", ""), str):
+            raise _torn(path, "machine is not a string")
         return info
 
     def rows_path(self, suite: str, shard: tuple[int, int] = (0, 1)) -> Path:
@@ -51,6 +53,84 @@ class RunState:
 
     def log_path(self, suite: str, shard: tuple[int, int] = (0, 1)) -> Path:
         return self.root / "logs" / f"{shard_name(suite, shard)}.log"
+
+    def finished_path(self, suite: str, shard: tuple[int, int] = (0, 1)) -> Path:
+        """The case ids an attempt finished, one a line, each written once all its rows were
+        (``--fastpath-finished``): what a resume keeps of an interrupted attempt."""
+        return self.root / "finished" / f"{shard_name(suite, shard)}.txt"
+
+    def kept_path(self, suite: str) -> Path:
+        """Rows of the cases earlier, interrupted attempts finished (``keep_finished``): the next
+        attempt skips those cases (``--fastpath-kept``) and its rows join them when it is done."""
+        return self.root / "kept" / f"{suite}.jsonl"
+
+    def keep_finished(self, suite: str) -> int:
+        """Before an unfinished suite runs again: keep the rows of every case its earlier attempts
+        finished without an error row (any shard's, its retry's, a crashed attempt's), drop the
+        rest (a case cut off mid-way is not evidence; one that hit an error gets another try), and
+        clear the attempts' files. Returns how many cases are kept."""
+        attempts, notes = self._attempt_files("rows", suite, ".jsonl"), self._attempt_files("finished", suite, ".txt")
+        finished = {line.strip() for p in notes if p.is_file()
+                    for line in p.read_text(encoding="utf-8").splitlines() if line.strip()}
+        kept = self.kept_rows(suite)
+        kept_ids = {r["case_id"] for r in kept}
+        new = [r for path in attempts if path.is_file() for r in self._rows(path)
+               if r["case_id"] in finished and r["case_id"] not in kept_ids]
+        errored = {r["case_id"] for r in new if r["status"] == "error"}
+        kept += [r for r in new if r["case_id"] not in errored]
+        if kept:
+            self.kept_path(suite).parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.kept_path(suite).with_suffix(".tmp")
+            with RowWriter(tmp) as writer:
+                for row in kept:
+                    writer.write(row)
+            tmp.replace(self.kept_path(suite))
+        for path in [*attempts, *notes]:
+            path.unlink(missing_ok=True)
+        return len({r["case_id"] for r in kept})
+
+    def kept_rows(self, suite: str) -> list[dict]:
+        path = self.kept_path(suite)
+        return self._rows(path) if path.is_file() else []
+
+    def join_kept(self, suite: str) -> None:
+        """A suite that ended: its kept rows join the new attempt's, in plan order (the bundle
+        shows every case). Ended "done", the attempt's notes go; ended "crashed" (it runs again on
+        resume), the kept cases are noted as finished again, so that resume keeps them too."""
+        kept, status = self.kept_path(suite), (self.marker(suite) or {}).get("status")
+        if status is None:
+            return
+        if kept.is_file():
+            if status != "done":
+                self.finished_path(suite).parent.mkdir(parents=True, exist_ok=True)
+                with open(self.finished_path(suite), "a", encoding="utf-8") as note:
+                    note.writelines(f"{c}\n" for c in dict.fromkeys(r["case_id"] for r in self.kept_rows(suite)))
+            rows = self.rows_path(suite)
+            lines = kept.read_text(encoding="utf-8").splitlines(keepends=True)
+            lines += rows.read_text(encoding="utf-8").splitlines(keepends=True) if rows.is_file() else []
+            rank = {case_id: i for i, case_id in enumerate(self.case_order(suite))}
+            lines.sort(key=lambda line: rank.get(_case_id(line), len(rank)))  # stable: a case's rows keep their order
+            tmp = rows.with_suffix(".tmp")
+            tmp.write_text("".join(lines), encoding="utf-8")
+            tmp.replace(rows)
+            kept.unlink()
+        for note in self._attempt_files("finished", suite, ".txt") if status == "done" else []:
+            note.unlink(missing_ok=True)
+
+    def _attempt_files(self, folder: str, suite: str, suffix: str) -> list[Path]:
+        """The suite's files in ``folder``: the whole suite's, its shards', its retry's."""
+        where = self.root / folder
+        return [where / f"{suite}{suffix}", *sorted(where.glob(f"{suite}.shard-*{suffix}")),
+                where / f"{suite}.retry{suffix}"]
+
+    def _rows(self, path: Path) -> list[dict]:
+        try:
+            rows = read_rows(path)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise _torn(path, str(exc).splitlines()[0]) from None
+        if not all(isinstance(r, dict) and isinstance(r.get("case_id"), str) and "status" in r for r in rows):
+            raise _torn(path, "a line is not a result row")
+        return rows
 
     def claims_dir(self, suite: str) -> Path:
         """Where a sharded suite's shards claim its cases (``--fastpath-claims``)."""
@@ -78,6 +158,7 @@ class RunState:
         """Before a suite (or shard) runs again: an interrupted attempt's rows are not evidence,
         and an old marker must not stand for this attempt (a worker that dies leaves none)."""
         self.rows_path(suite, shard).unlink(missing_ok=True)
+        self.finished_path(suite, shard).unlink(missing_ok=True)
         (self.root / "done" / f"{shard_name(suite, shard)}.json").unlink(missing_ok=True)
 
     def crashed(self, suite: str, message: str, shard: tuple[int, int] = (0, 1)) -> None:
@@ -137,14 +218,8 @@ class RunState:
         rows: list[dict] = []
         for suite in plan.suites:
             if self.marker(suite) is not None:
-                path = self.rows_path(suite)
-                try:
-                    suite_rows = read_rows(path)
-                except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                    raise _torn(path, str(exc).splitlines()[0]) from None
-                if not all(isinstance(r, dict) and "case_id" in r and "status" in r for r in suite_rows):
-                    raise _torn(path, "a line is not a result row")
-                rows += suite_rows
+                rows += self._rows(self.rows_path(suite))
+            self.kept_rows(suite)  # a torn or edited kept file fails a resume before any suite runs
         return rows
 
 

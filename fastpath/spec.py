@@ -132,8 +132,8 @@ SCHEMA = Field("table", fields={
         "eager_rounds": Field("int", minimum=0),  # segments of standard_eager, reported beside
         "smoke_rounds": Field("int", minimum=1),  # CPU smoke tier: machinery only, not gated
         "smoke_replays": Field("int", minimum=1),
-        # seconds from the suite's first case after which the remaining speedup cases are error
-        # rows, not measured (0: no limit): a run that must fit one command still ends with its table
+        # seconds from the suite's first case after which it stops before its next speedup case
+        # (0: no limit): the run is incomplete, and `verify --resume` keeps the finished cases
         "budget_s": Field("number", minimum=0),
         # tokens a verify step emits per sequence (accepted + 1), per draft length > 0, declared
         # before measuring: perf's tokens/s and time per output token at that draft length are

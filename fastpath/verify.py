@@ -6,13 +6,20 @@ Run directory (``--out DIR``)::
     DIR/state/plan.json           the plan the suites read
     DIR/state/rows/<suite>.jsonl  rows as they come (fsync per row)
     DIR/state/done/<suite>.json   completion marker: a suite with one is never rerun on resume
+    DIR/state/finished/<suite>.txt  the cases an attempt finished, one id a line, each written
+                                  after its rows (a resume keeps those cases' rows)
+    DIR/state/kept/<suite>.jsonl  rows of the cases interrupted attempts finished (on resume)
     DIR/state/logs/<suite>.log    pytest output of the suite
     DIR/state/claims/<suite>/     while a sharded suite runs (--jobs): one file per case, the
                                   shard that took it (suite_workers)
     DIR/NAME.TIER.fastpath/ + DIR/NAME.TIER.fastpath.tar.gz   the bundle (NAME: the spec's name)
 
-Each suite runs in its own ``pytest.main`` call. An interrupted suite (Ctrl-C, crash) has no
-marker, so ``--resume DIR`` reruns it from scratch and skips the finished ones. Whatever
+Each suite runs in its own ``pytest.main`` call. An interrupted suite (Ctrl-C, crash, the end
+of a command's time) has no marker, so ``--resume DIR`` runs it again, skipping the suites that
+finished and, within it, the cases that did (without an error row): their rows are kept
+(``RunState.keep_finished``) and join the new attempt's when it ends; a case cut off mid-way
+runs again whole. A run resumes only on the kind of machine it started on (its GPUs' names, or
+"cpu"): one bundle attests one kind of machine. Whatever
 happens, a bundle is only signed when every suite of the plan finished, and a run that did
 not is "incomplete" (exit 3), never "pass". SIGTERM anywhere in a run acts as Ctrl-C; the bundle
 is written, signed and packed under a temp name and renamed last, so an interrupt leaves no
@@ -35,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from fastpath.errors import FastpathError, UsageError
+from fastpath.environment import machine_kind
 from fastpath.gates import Verdict, evaluate
 from fastpath.plan import Plan, build_plan
 from fastpath.results import read_rows, rows_frame, write_json_atomic
@@ -194,6 +202,10 @@ def _verify(opts: VerifyOptions, console: Any = None) -> VerifyResult:
     if skipped:
         console.print(f"[dim]already done in {run_dir}: {', '.join(skipped)}[/]")
 
+    for suite in todo:
+        kept = state.keep_finished(suite)
+        if kept:
+            console.print(f"[dim]{suite}: {kept} case(s) finished by an earlier attempt are kept[/]")
     interrupted = False
     try:
         _run_suites(todo, spec, plan, state, suites_dir, console, opts.jobs or default_jobs(plan.tier))
@@ -203,7 +215,7 @@ def _verify(opts: VerifyOptions, console: Any = None) -> VerifyResult:
     result = _finish(spec, plan, state, repo_root, opts, console, sign=not interrupted)
     if interrupted:
         result.exit_code, result.verdict = EXIT_INCOMPLETE, "incomplete"
-        result.message = (f"interrupted: finished suites are kept in {run_dir}; continue with "
+        result.message = (f"interrupted: finished suites and cases are kept in {run_dir}; continue with "
                           f"`fastpath verify --resume {run_dir}`")
     return result
 
@@ -250,6 +262,16 @@ def _check_sources_unchanged(info: dict, attested: dict, run_dir: Path) -> None:
                          "results of different code cannot be attested together: start a new run with a new --out")
 
 
+def _check_same_machine(info: dict, run_dir: Path) -> None:
+    """The bundle's environment is the machine that finished the run: every suite must have run
+    on that kind (a run started before run.json named its machine is taken as it is)."""
+    started, now = info.get("machine"), machine_kind()
+    if started is not None and started != now:
+        raise UsageError(f"the run in {run_dir} started on {started}; this machine is {now}",
+                         "resume it on the same kind of machine, or start a new run with a new --out: "
+                         "one bundle attests one kind of machine")
+
+
 def _prepare(opts: VerifyOptions, console: Any) -> tuple[Spec, str, Path, RunState, Path, Path]:
     if opts.resume is not None:
         state = RunState(Path(opts.resume))
@@ -269,6 +291,7 @@ def _prepare(opts: VerifyOptions, console: Any) -> tuple[Spec, str, Path, RunSta
         suites_dir = Path(opts.suites_dir or info["suites_dir"])
         repo_root = Path(info["repo_root"])
         _check_sources_unchanged(info, _attested(repo_root, spec), state.run_dir)
+        _check_same_machine(info, state.run_dir)
         return spec, tier, state.run_dir, state, suites_dir, repo_root
 
     spec_path = Path(opts.spec) if opts.spec else default_spec(Path.cwd())
@@ -293,7 +316,7 @@ def _prepare(opts: VerifyOptions, console: Any) -> tuple[Spec, str, Path, RunSta
         console.print(f"tier [bold]{tier}[/] ({why})")
     write_json_atomic({"spec_path": str(spec_path.resolve()), "spec_digest": spec.digest, "tier": tier,
                        "suites_dir": str(suites_dir.resolve()), "repo_root": str(repo_root.resolve()),
-                       "attested": attested},
+                       "attested": attested, "machine": machine_kind()},
                       state.root / "run.json")
     return spec, tier, run_dir, state, suites_dir, repo_root
 
@@ -333,6 +356,7 @@ def _run_suites(todo: list[str], spec: Spec, plan: Plan, state: RunState, suites
                     lambda: progress.advance(tasks[suite]))
 
         def ended(suite: str) -> None:
+            state.join_kept(suite)
             progress.update(tasks[suite], completed=progress.tasks[tasks[suite]].total)
             progress.advance(overall)
 
@@ -370,8 +394,11 @@ def _run_one_suite(suite: str, spec: Spec, plan: Plan, state: RunState, suites_d
             "--fastpath-plan", str(state.root / "plan.json"), "--fastpath-rows", str(rows_path),
             "--fastpath-suite", suite, "--fastpath-artifacts", str(state.root / "logs" / "artifacts"),
             "--fastpath-shard", "0/1" if shard == RETRY else f"{shard[0]}/{shard[1]}",
+            "--fastpath-finished", str(state.finished_path(suite, shard)),
             # the slowest cases (over a second) in the log: what a shard's time went on
             "--durations=0", "--durations-min=1"]
+    if state.kept_path(suite).is_file():
+        args += ["--fastpath-kept", str(state.kept_path(suite))]
     if shard[1] > 1 or shard == RETRY:  # the shards share out the cases as each gets free (suite_workers)
         args += ["--fastpath-claims", str(state.claims_dir(suite))]
     # out of GPU memory: a shard gives the case back for the retry alone; otherwise an error row

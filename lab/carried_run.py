@@ -53,8 +53,10 @@ def verdict(info: dict, done: list[str], recorded: dict[str, list], root: Path,
     if lines:
         return False, lines + ["start afresh (`--out`), or resume from a checkout of the run's commit"]
     left = [s for s in spec.suites() if s not in done]
+    machine = info.get("machine")  # verify resumes a run only on the kind of machine it started on
     return True, [f"resumable: the attested tree is the run's; done: {', '.join(done) or 'none'}; "
-                  f"left: {', '.join(left) or 'none'}"]
+                  f"left: {', '.join(left) or 'none'}"
+                  + (f"; on {machine} only" if machine else "")]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,7 +23,9 @@ for spec in "$@"; do
   name=${spec%%:*}; rest=${spec#*:}; secs=${rest%%:*}; cmd=${rest#*:}
   echo "=== $name (limit ${secs}s): $cmd"
   start=$(date +%s)
-  timeout "$secs" bash -c "$cmd" >"$LOGS/$name.log" 2>&1
+  # SIGTERM at the limit (verify stops like Ctrl-C), SIGKILL 15 s later: a step that hangs on its
+  # way out must not take the archive below past the command's limit (session 32's perf call did)
+  timeout -k 15 "$secs" bash -c "$cmd" >"$LOGS/$name.log" 2>&1
   rc=$?
   summary+=("$name rc=$rc $(( $(date +%s) - start ))s")
   tail -n 25 "$LOGS/$name.log"

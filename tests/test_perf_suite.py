@@ -36,20 +36,26 @@ def perf_only_spec(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def perf_run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("perf")
+def run_perf_suite(tmp: Path, *extra: str) -> tuple[list[dict], Path]:
+    """The perf suite on the smoke slice (perf_only_spec) in its own pytest process, as verify
+    runs it: (its rows, its artifacts folder)."""
+    tmp.mkdir(parents=True, exist_ok=True)
     spec = perf_only_spec(tmp)
     rows, artifacts = tmp / "rows.jsonl", tmp / "artifacts"
     (tmp / "pytest.ini").write_text("[pytest]\n")
     cmd = [sys.executable, "-m", "pytest", str(REPO / "fastpath" / "suites" / "test_perf.py"), "-c", str(tmp / "pytest.ini"),
            "--rootdir", str(REPO / "fastpath" / "suites"), "-p", "fastpath.pytest_plugin", "-p", "no:cacheprovider",
            "--import-mode=importlib", "-q", "--fastpath-spec", str(spec), "--fastpath-tier", "smoke",
-           "--fastpath-rows", str(rows), "--fastpath-suite", "perf", "--fastpath-artifacts", str(artifacts)]
+           "--fastpath-rows", str(rows), "--fastpath-suite", "perf", "--fastpath-artifacts", str(artifacts), *extra]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [json.loads(line) for line in rows.read_text().splitlines()], artifacts
+
+
+@pytest.fixture(scope="module")
+def perf_run(tmp_path_factory):
+    return run_perf_suite(tmp_path_factory.mktemp("perf"))
 
 
 def test_every_case_has_rows_and_none_gates_on_cpu(perf_run):
@@ -177,7 +183,7 @@ def test_gating_needs_the_full_tier_on_in_scope_hardware():
     assert s["rounds"] == spec.perf["smoke_rounds"] and s["max_extra_batches"] == 0
 
 
-def test_cases_past_the_time_budget_are_error_rows_not_measured():
+def test_a_case_past_the_time_budget_stops_the_suite_for_a_resume_not_measuring():
     import time
 
     from fastpath.spec import load_spec
@@ -192,11 +198,27 @@ def test_cases_past_the_time_budget_are_error_rows_not_measured():
             raise AssertionError("a case past the budget must not load or time anything")
 
     case = {"case_id": "perf/speedup/b1-c1024-d0", "config": {"batch": 1, "context": 1024, "draft": 0}}
-    perf.test_speedup(case, Models(), _Engine("cuda", "sm_90"), spec, _Tier("full"),
-                      lambda *a, **k: rows.append((a, k)))
-    (args, kw), = rows
-    assert args[:2] == ("perf_speedup", "speedup_ci_low") and kw["status"] == "error"
-    assert "budget_s" in kw["message"]
+    with pytest.raises(pytest.exit.Exception) as stop:
+        perf.test_speedup(case, Models(), _Engine("cuda", "sm_90"), spec, _Tier("full"),
+                          lambda *a, **k: rows.append((a, k)))
+    perf._SESSION.clear()
+    assert not rows  # no row: the case is not finished, so a resume runs it
+    assert "budget_s = 540 s" in str(stop.value) and "perf/speedup/b1-c1024-d0" in str(stop.value)
+    assert "fastpath verify --resume" in str(stop.value)
+
+
+def test_the_summary_of_a_resumed_suite_reads_the_kept_cases(perf_run, tmp_path):
+    """The suite again with every case but the summary kept (as `verify --resume` passes them):
+    only the summary runs, and its table holds the kept cases and the control."""
+    rows, artifacts = perf_run
+    kept = tmp_path / "kept.jsonl"
+    kept.write_text("".join(json.dumps(r) + "\n" for r in rows if r["case_id"] != "perf/summary/table"))
+    new_rows, new_artifacts = run_perf_suite(tmp_path / "again", "--fastpath-kept", str(kept))
+    assert {r["case_id"] for r in new_rows} == {"perf/summary/table"}
+    first = json.loads((artifacts / "perf" / "summary.json").read_text())
+    second = json.loads((new_artifacts / "perf" / "summary.json").read_text())
+    assert second["cases"] == first["cases"] and second["prompt_cases"] == first["prompt_cases"]
+    assert second["control"] == first["control"] and first["cases"]
 
 
 class _FakeModel:

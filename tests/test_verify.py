@@ -243,6 +243,42 @@ def test_resume_refuses_a_changed_spec_and_out_refuses_reuse(tmp_path):
         run(make_project(tmp_path / "q"), out=tmp_path / "run2", only=["nope"])
 
 
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_suite_cut_off_mid_way_keeps_its_finished_cases_on_resume(tmp_path, monkeypatch, jobs):
+    """Ctrl-C inside coverage's batch-4 decode case: the cases that had finished are kept (not
+    run again), the one cut off runs again whole, and the rows equal an uninterrupted run's."""
+    spec = make_project(tmp_path / "p")
+    whole = run(spec, out=tmp_path / "whole", jobs=jobs)
+    monkeypatch.setenv("FASTPATH_DOUBLE_INTERRUPT", "decode-b4")
+    cut = run(spec, out=tmp_path / "run", jobs=jobs)
+    assert (cut.exit_code, cut.verdict) == (3, "incomplete") and "finished suites and cases" in cut.message
+    state = tmp_path / "run" / "state"
+    finished = {line for p in (state / "finished").glob("coverage*.txt") for line in p.read_text().split()}
+    assert "coverage/decode/b4-c16-d0" not in finished
+    if jobs == 1:  # in one process the cases run in plan order: the batch-1 decode case came first
+        assert finished == {"coverage/decode/b1-c16-d0"}
+    monkeypatch.delenv("FASTPATH_DOUBLE_INTERRUPT")
+    resumed = run(None, resume=tmp_path / "run", jobs=jobs)
+    assert (resumed.exit_code, resumed.verdict) == (0, "pass"), resumed.message
+    assert _rows(resumed) == _rows(whole)
+    if jobs == 1:
+        assert f"{len(finished)} deselected" in (state / "logs" / "coverage.log").read_text()
+    assert not list((state / "kept").iterdir()) and not list((state / "finished").iterdir())
+
+
+def test_resume_on_another_kind_of_machine_is_refused(tmp_path, monkeypatch):
+    from fastpath import verify as V
+
+    spec = make_project(tmp_path / "p")
+    first = run(spec, out=tmp_path / "run", only=["kernels"])
+    assert first.exit_code == 3
+    assert json.loads((tmp_path / "run" / "state" / "run.json").read_text())["machine"] == V.machine_kind()
+    monkeypatch.setattr(V, "machine_kind", lambda: "NVIDIA H200 (sm_90)")
+    with pytest.raises(UsageError, match=r"started on .*; this machine is NVIDIA H200 \(sm_90\)") as err:
+        run(None, resume=tmp_path / "run")
+    assert "same kind of machine" in err.value.fix
+
+
 def test_changed_fast_path_sources_are_never_attested_together(tmp_path):
     spec = make_project(tmp_path / "p")
     first = run(spec, out=tmp_path / "run", only=["coverage"])

@@ -39,8 +39,9 @@ context) and, with draft cases, the draft-length table (batch x draft: acceptanc
 tok/s, time per output token, speedup [CI]) and the prompt cases' block, as a row and as files in the run's artifacts
 (logs/artifacts/perf/ in the bundle).
 
-``[perf] budget_s``: speedup cases reached after that many seconds are error rows (not measured),
-so a phase that must fit one command still ends with its summary.
+``[perf] budget_s``: once that many seconds have passed, the suite stops before its next speedup
+case, so the run is incomplete and its state whole; `fastpath verify --resume` keeps the cases
+that finished and runs those left (the summary table reads the kept cases' rows).
 
 Rows gate only on the full tier on supported hardware (spec scope.hardware); elsewhere (the
 CPU smoke tier: the tiny model, few rounds, wall-clock timer) they are ``info`` rows saying why.
@@ -63,6 +64,7 @@ from fastpath import speculative_checks as SC
 from fastpath import stats, trace
 from fastpath import suite_helpers as H
 from fastpath.measure import copy_bandwidth
+from fastpath.progress import note
 from fastpath.spec import acceptance_length
 
 RESULTS: list[dict] = []  # speedup cases measured in this session, for the summary case
@@ -174,11 +176,11 @@ def test_speedup(case, fp_models, fp_engine, fp_spec, fp_tier, record):
     status = None if gated else "info"
     start = _SESSION.setdefault("t0", time.monotonic())
     if s["budget_s"] and time.monotonic() - start > s["budget_s"]:
-        record("perf_speedup", "speedup_ci_low", None, status="error", path="fast",
-               message=f"not measured: the perf phase's time budget ([perf] budget_s = {s['budget_s']} s) was "
-                       "spent before this case; raise budget_s or run the missing cases with `--only perf` "
-                       "on a fresh run directory")
-        return
+        why_stop = (f"the perf phase's time budget ([perf] budget_s = {s['budget_s']:g} s) is spent before "
+                    f"{H.case_id(case)}: stopping; the finished cases are kept, and `fastpath verify --resume "
+                    "RUN_DIR` runs those left")
+        note(why_stop)
+        pytest.exit(why_stop)
     std_model, fast_model = fp_models["standard"], fp_models["fast"]
     with trace.recording() as rec:
         fast_step, fast_setup = build(fast_model, batch, context, draft)
@@ -270,6 +272,19 @@ def test_speedup(case, fp_models, fp_engine, fp_spec, fp_tier, record):
            detail={**verdict.as_dict(), "outcome": outcome, "acceptance_length": al, "synthetic": bool(draft)},
            evidence=H.jsonable(evidence), path="fast")
 
+    entry = {"batch": batch, "context": context, "draft": draft, "baseline": baseline,
+            "acceptance_length": al, "synthetic": bool(draft),
+            "std_tok_s": pt.tokens_per_s(batch, al, times.get("standard", times[baseline])),
+            "fast_tok_s": pt.tokens_per_s(batch, al, times["fast"]),
+            "eager_tok_s": pt.tokens_per_s(batch, al, times["standard_eager"])
+            if "standard_eager" in times else None,
+            "tpot_ms": 1e3 * pt.time_per_output_token(times["fast"], al), "speedup": verdict.speedup, "ci_low": verdict.ci_low,
+            "ci_high": verdict.ci_high, "mbu": roof.get("fast", {}).get("mbu"),
+            "mbu_standard": roof.get(baseline, {}).get("mbu"),
+            "outcome": outcome if not baseline_error else f"error ({baseline} baseline)",
+            "bytes_per_step": traffic["total"] if traffic else None, "gated": gated}
+    RESULTS.append(entry)
+
     def info(metric: str, value: float, path: str | None = None, label: str = "", **detail: Any) -> None:
         message = "; ".join(m for m in (label, "" if gated else why) if m)
         record("perf_speedup", metric, value, status="info", message=message, path=path,
@@ -278,7 +293,7 @@ def test_speedup(case, fp_models, fp_engine, fp_spec, fp_tier, record):
     info("speedup", verdict.speedup, "fast", ci_low=verdict.ci_low, ci_high=verdict.ci_high, outcome=outcome,
          against=baseline + (" (compiled)" if baseline == "standard" and evidence["standard_compile"]
                              not in (None, "off") else ""), problems=problems, acceptance_length=al,
-         synthetic=bool(draft))
+         synthetic=bool(draft), table_entry=entry)
     if other:  # the slower standard step, timed in its pilot rounds only
         info("speedup_vs_eager" if other == "standard_eager" else "speedup_vs_compiled", times[other] / times["fast"],
              "fast", rounds=len(other_s))
@@ -300,17 +315,6 @@ def test_speedup(case, fp_models, fp_engine, fp_spec, fp_tier, record):
             touched = traffic["experts_touched"]
             info("experts_touched", sum(touched) / len(touched), None, per_layer=touched,
                  n_experts=traffic.get("n_experts"))
-    RESULTS.append({"batch": batch, "context": context, "draft": draft, "baseline": baseline,
-                    "acceptance_length": al, "synthetic": bool(draft),
-                    "std_tok_s": pt.tokens_per_s(batch, al, times.get("standard", times[baseline])),
-                    "fast_tok_s": pt.tokens_per_s(batch, al, times["fast"]),
-                    "eager_tok_s": pt.tokens_per_s(batch, al, times["standard_eager"])
-                    if "standard_eager" in times else None,
-                    "tpot_ms": 1e3 * pt.time_per_output_token(times["fast"], al), "speedup": verdict.speedup, "ci_low": verdict.ci_low,
-                    "ci_high": verdict.ci_high, "mbu": roof.get("fast", {}).get("mbu"),
-                    "mbu_standard": roof.get(baseline, {}).get("mbu"),
-                    "outcome": outcome if not baseline_error else f"error ({baseline} baseline)",
-                    "bytes_per_step": traffic["total"] if traffic else None, "gated": gated})
 
 
 @pytest.mark.fastpath(kind="prompts", gate="perf_speedup")
@@ -377,7 +381,7 @@ def test_prompts(case, fp_case_models, fp_case_engine, fp_spec, fp_tier, record)
     if not gated:
         msg = f"{why}. {msg}"
     record("perf_speedup", "prompt_speedup", verdict.speedup, status="info" if fired else "error", path="fast",
-           message=msg, detail=H.jsonable({**row, "outcome": verdict.outcome, "generated": generated,
+           message=msg, detail=H.jsonable({**row, "table_entry": row, "outcome": verdict.outcome, "generated": generated,
                                            "common_prefix": agreement["common_prefix"], "problems": problems}),
            evidence=H.jsonable({"baseline_s": rounds.a, "fast_s": rounds.b, "order": rounds.order(),
                                 "segments": rounds.segments, "setup_s": {"standard": std_setup, "fast": fast_setup},
@@ -416,16 +420,31 @@ def test_control(case, fp_models, fp_engine, fp_spec, fp_tier, record):
     if not gated:
         msg = f"{why}. {msg}".strip()
     record("perf_control", "control_speedup", c["speedup"], passed=not c["alarm"], status=None if gated else "info",
-           message=msg, detail=H.jsonable(c), evidence=H.jsonable({"a_s": rounds.a, "b_s": rounds.b,
+           message=msg, detail=H.jsonable({**c, "table_entry": c}), evidence=H.jsonable({"a_s": rounds.a, "b_s": rounds.b,
                                                                    "order": rounds.order()}), path="standard")
 
 
-@pytest.mark.fastpath(kind="summary", gate="perf_speedup")
-def test_summary(case, fp_engine, fp_spec, fp_tier, record, request):
+def kept_results(kept_rows: list[dict]) -> tuple[list[dict], list[dict], dict | None]:
+    """(speedup cases, prompt cases, control) an earlier attempt of the run measured and a resume
+    kept (fp_kept_rows): the summary's rows for the cases this session did not run."""
+    def detail(row: dict) -> dict:
+        d = row.get("detail")
+        return json.loads(d) if isinstance(d, str) else dict(d or {})
+
+    entries = {metric: [detail(r)["table_entry"] for r in kept_rows if r["metric"] == metric]
+               for metric in ("speedup", "prompt_speedup", "control_speedup")}
+    controls = entries["control_speedup"]
+    return entries["speedup"], entries["prompt_speedup"], (controls[0] if controls else None)
+
+
+@pytest.mark.fastpath(kind="summary", gate="perf_speedup", sums_up=True)
+def test_summary(case, fp_engine, fp_spec, fp_tier, record, request, fp_kept_rows):
     gated, why = gating(fp_spec, fp_tier, fp_engine)
     bw = bandwidth(fp_engine)
-    table = pt.summary_table(RESULTS) if RESULTS else "(no speedup case finished)\n"
-    control = _SESSION.get("control")
+    kept_speedups, kept_prompts, kept_control = kept_results(fp_kept_rows)
+    results, prompt_results = kept_speedups + RESULTS, kept_prompts + PROMPT_RESULTS
+    table = pt.summary_table(results) if results else "(no speedup case finished)\n"
+    control = _SESSION.get("control") or kept_control
     info = fp_engine.info()
     head = (f"# perf summary ({H.tier_name(fp_tier)} tier, {info.get('device_name')}, {info.get('model_config')}, "
             f"standard = torch.compile {info.get('standard_compile')!r})\n\n"
@@ -440,7 +459,7 @@ def test_summary(case, fp_engine, fp_spec, fp_tier, record, request):
              f"pass iff its lower bound > {s['min_speedup']}\n")
     if not gated:
         head += f"\nnot gated: {why}\n"
-    text = head + "\n" + table + ("\n" + PP.summary_table(PROMPT_RESULTS) if PROMPT_RESULTS else "")
+    text = head + "\n" + table + ("\n" + PP.summary_table(prompt_results) if prompt_results else "")
     print(text)  # into logs/perf.log
     out = request.config.getoption("fastpath_artifacts", None)
     if out:
@@ -448,8 +467,8 @@ def test_summary(case, fp_engine, fp_spec, fp_tier, record, request):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "summary.md").write_text(text, encoding="utf-8")
         (folder / "summary.json").write_text(json.dumps(H.jsonable(
-            {"cases": RESULTS, "prompt_cases": PROMPT_RESULTS, "bandwidth": bw, "control": control, "gated": gated,
+            {"cases": results, "prompt_cases": prompt_results, "bandwidth": bw, "control": control, "gated": gated,
              "standard_compile": info.get("standard_compile")}), indent=1, sort_keys=True), encoding="utf-8")
-    record("perf_speedup", "summary_cases", len(RESULTS), status="info", message="" if gated else why,
-           evidence=H.jsonable({"table": text, "cases": RESULTS, "bandwidth": bw, "control": control}))
+    record("perf_speedup", "summary_cases", len(results), status="info", message="" if gated else why,
+           evidence=H.jsonable({"table": text, "cases": results, "bandwidth": bw, "control": control}))
     record("perf_speedup", "copy_bandwidth", bw, status="info", message="bytes/s, read + write, measured in this run")

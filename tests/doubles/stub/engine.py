@@ -10,7 +10,9 @@ nothing.
   "kernel_raises"    the kernel's fast call raises (an error row, not a crash);
 Set FASTPATH_DOUBLE_INTERRUPT=1 to make the kernel's fast call raise KeyboardInterrupt (Ctrl-C
 mid-run), =term to send this process SIGTERM, or =die to end it at once (exit 9, no clean-up: a
-suite worker that crashes); an environment variable, not a mode, so the same spec can be resumed afterwards.
+suite worker that crashes), or =decode-b4 to press Ctrl-C inside the fast decode step at batch 4
+(mid-suite: the coverage cases before it have finished); an environment variable, not a mode, so
+the same spec can be resumed afterwards.
 Set FASTPATH_DOUBLE_OOM=always to make the fast decode step at batch 4 raise an out-of-memory
 error (``OutOfMemoryError``, torch's class name) every time, or =once:DIR only the first time
 (a flag file in DIR): a case that fails beside other workers and passes alone.
@@ -77,6 +79,8 @@ class DoubleModel:
             if self.path != "fast":
                 return
             _planted_oom(batch, context)
+            if batch == 4 and os.environ.get("FASTPATH_DOUBLE_INTERRUPT") == "decode-b4":
+                raise KeyboardInterrupt
             if batch not in IN_SCOPE_BATCHES:
                 trace.refused("double_gemv", "batch_out_of_scope", batch=batch)
             elif self.mode == "broken_fast" and batch == 4:
