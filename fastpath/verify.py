@@ -361,7 +361,7 @@ def _run_suites(todo: list[str], spec: Spec, plan: Plan, state: RunState, suites
             progress.advance(overall)
 
         cases = {s: sum(map(len, plan.for_suite(s))) for s in todo}
-        if jobs > 1 and len(suite_workers.units(suite_workers.waves(todo)[0], jobs, cases)) > 1:
+        if jobs > 1 and todo and len(suite_workers.units(suite_workers.waves(todo)[0], jobs, cases)) > 1:
             if not suite_workers.run(todo, jobs, cases, state, suites_dir, start, ended):
                 raise Interrupted("a suite was interrupted")
             return

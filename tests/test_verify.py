@@ -266,6 +266,18 @@ def test_a_suite_cut_off_mid_way_keeps_its_finished_cases_on_resume(tmp_path, mo
     assert not list((state / "kept").iterdir()) and not list((state / "finished").iterdir())
 
 
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_resuming_only_suites_already_done_runs_nothing_and_says_so(tmp_path, jobs):
+    spec = make_project(tmp_path / "p")
+    assert run(spec, out=tmp_path / "run", only=["kernels"]).exit_code == 3
+    lines = []
+    console = Console(file=open(os.devnull, "w"))
+    console.print = lambda *a, **k: lines.append(" ".join(map(str, a)))
+    again = run(None, console=console, resume=tmp_path / "run", only=["kernels"], jobs=jobs)
+    assert (again.exit_code, again.verdict) == (3, "incomplete")
+    assert any("already done" in line and "kernels" in line for line in lines)
+
+
 def test_resume_on_another_kind_of_machine_is_refused(tmp_path, monkeypatch):
     from fastpath import verify as V
 
