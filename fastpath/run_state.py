@@ -85,9 +85,25 @@ class RunState:
                 for row in kept:
                     writer.write(row)
             tmp.replace(self.kept_path(suite))
+        self._keep_logs(suite, len({r["case_id"] for r in kept}))
         for path in [*attempts, *notes]:
             path.unlink(missing_ok=True)
         return len({r["case_id"] for r in kept})
+
+    def _keep_logs(self, suite: str, kept: int) -> None:
+        """The cut-off attempt's logs go with its kept cases (the bundle's suite log shows every
+        attempt: what the kept cases printed, and that the suite was resumed)."""
+        logs = [p for p in self._attempt_files("logs", suite, ".log") if p.is_file()]
+        if not logs:
+            return
+        heading = f"== an earlier attempt, cut off: {kept} finished case(s) kept, the others run again\n"
+        text = heading + "".join(f"-- {p.name}\n" + p.read_text(encoding="utf-8", errors="replace") for p in logs)
+        path = self.root / "kept" / f"{suite}.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(text)
+        for p in logs:
+            p.unlink()
 
     def kept_rows(self, suite: str) -> list[dict]:
         path = self.kept_path(suite)
@@ -114,6 +130,13 @@ class RunState:
             tmp.write_text("".join(lines), encoding="utf-8")
             tmp.replace(rows)
             kept.unlink()
+        kept_log, log = self.root / "kept" / f"{suite}.log", self.log_path(suite)
+        if kept_log.is_file():
+            attempt = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_text(kept_log.read_text(encoding="utf-8") + "== the attempt that ended the suite\n" + attempt,
+                           encoding="utf-8")
+            kept_log.unlink()
         for note in self._attempt_files("finished", suite, ".txt") if status == "done" else []:
             note.unlink(missing_ok=True)
 

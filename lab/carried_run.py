@@ -21,10 +21,10 @@ from fastpath.digest import attested_parts, stale_parts
 from fastpath.spec import load_spec
 
 
-def read_run(archive: Path) -> tuple[dict, list[str], dict[str, list]]:
-    """(run.json, finished suites, the files each attested part held) of the run directory archived
-    under ``full/``; the file lists come from the bundle directory's attested.json, written once a
-    suite finished (empty before)."""
+def read_run(archive: Path) -> tuple[dict, list[str], dict[str, list], dict[str, int]]:
+    """(run.json, finished suites, the files each attested part held, per unfinished suite the
+    cases a resume keeps) of the run directory archived under ``full/``; the file lists come from
+    the bundle directory's attested.json, written once a suite finished (empty before)."""
     with tarfile.open(archive, "r:gz") as tar:
         member = tar.extractfile("full/state/run.json")
         if member is None:
@@ -38,11 +38,28 @@ def read_run(archive: Path) -> tuple[dict, list[str], dict[str, list]]:
             if path.name == "attested.json" and path.parent.parent.as_posix() == "full":
                 parts = json.load(tar.extractfile(m)).get("parts") or {}
                 recorded = {part: value.get("files") or [] for part, value in parts.items()}
-    return info, done, recorded
+        kept = kept_cases(tar, members)
+    return info, done, recorded, kept
+
+
+def kept_cases(tar: tarfile.TarFile, members: list[tarfile.TarInfo]) -> dict[str, int]:
+    """Per suite, the cases an interrupted attempt finished (``state/finished/<suite>*.txt``)
+    or an earlier resume kept (``state/kept/<suite>.jsonl``): what `verify --resume` keeps."""
+    cases: dict[str, set[str]] = {}
+    for m in members:
+        path = Path(m.name)
+        folder = path.parent.as_posix()
+        if folder not in ("full/state/finished", "full/state/kept") or path.suffix not in (".txt", ".jsonl"):
+            continue
+        lines = tar.extractfile(m).read().decode("utf-8", "replace").splitlines()
+        ids = [json.loads(x).get("case_id", "") for x in lines if x.strip()] if path.suffix == ".jsonl" \
+            else [x.strip() for x in lines if x.strip()]
+        cases.setdefault(path.name.split(".")[0], set()).update(i for i in ids if i)
+    return {suite: len(ids) for suite, ids in cases.items()}
 
 
 def verdict(info: dict, done: list[str], recorded: dict[str, list], root: Path,
-            spec_path: Path) -> tuple[bool, list[str]]:
+            spec_path: Path, kept: dict[str, int] | None = None) -> tuple[bool, list[str]]:
     spec = load_spec(spec_path)
     lines: list[str] = []
     # the spec is one of the attested parts (its digest is the file's, as run.json's spec_digest)
@@ -52,7 +69,8 @@ def verdict(info: dict, done: list[str], recorded: dict[str, list], root: Path,
         lines.append(f"{part}: " + (named or "its digest differs from the run's"))
     if lines:
         return False, lines + ["start afresh (`--out`), or resume from a checkout of the run's commit"]
-    left = [s for s in spec.suites() if s not in done]
+    left = [s + (f" ({kept[s]} of its cases finished: kept)" if (kept or {}).get(s) else "")
+            for s in spec.suites() if s not in done]
     machine = info.get("machine")  # verify resumes a run only on the kind of machine it started on
     return True, [f"resumable: the attested tree is the run's; done: {', '.join(done) or 'none'}; "
                   f"left: {', '.join(left) or 'none'}"
@@ -65,12 +83,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spec", default="optimized_model/k3/fastpath.toml")
     a = ap.parse_args(argv)
     try:
-        info, done, recorded = read_run(Path(a.archive))
-    except (OSError, tarfile.TarError, KeyError, json.JSONDecodeError) as exc:
+        info, done, recorded, kept = read_run(Path(a.archive))
+    except (OSError, tarfile.TarError, KeyError, json.JSONDecodeError, AttributeError) as exc:
         print(f"carried_run: cannot read {a.archive}: {exc}; fix: pass the full.tar.gz a "
               "gpu_full_tier.sh call returned", file=sys.stderr)
         return 2
-    ok, lines = verdict(info, done, recorded, Path.cwd(), Path(a.spec))
+    ok, lines = verdict(info, done, recorded, Path.cwd(), Path(a.spec), kept)
     print("\n".join(lines))
     return 0 if ok else 1
 

@@ -13,9 +13,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "optimized_model" / "k3" / "fastpath.toml"
 
 
-def _archive(path: Path, run: dict, done: list[str], attested: dict | None = None) -> Path:
+def _archive(path: Path, run: dict, done: list[str], attested: dict | None = None,
+             extra: list[tuple[str, bytes]] = ()) -> Path:
     files = [("full/state/run.json", json.dumps(run).encode()),
-             *[(f"full/state/done/{s}.json", b"{}") for s in done]]
+             *[(f"full/state/done/{s}.json", b"{}") for s in done], *extra]
     if attested is not None:
         files.append(("full/k3.full.fastpath/attested.json", json.dumps(attested).encode()))
     with tarfile.open(path, "w:gz") as tar:
@@ -39,6 +40,19 @@ def test_a_run_of_this_tree_is_resumable_and_names_what_is_left(tmp_path, monkey
     assert carried_run.main([str(archive)]) == 0
     out = capsys.readouterr().out
     assert "resumable" in out and "done: coverage, kernels" in out and "left: parity, features, evals, perf" in out
+
+
+def test_the_cases_a_resume_keeps_and_the_machine_are_named(tmp_path, monkeypatch, capsys):
+    run = {**_run_of_this_tree()[0], "machine": "NVIDIA H100 80GB HBM3 (sm_90)"}
+    extra = [("full/state/finished/perf.txt", b"perf/speedup/b1-c1024-d0\nperf/speedup/b2-c1024-d0\n"),
+             ("full/state/kept/perf.jsonl", b'{"case_id": "perf/speedup/b1-c1024-d0", "status": "pass"}\n'
+                                            b'{"case_id": "perf/control/b1-c1024-d0", "status": "pass"}\n')]
+    archive = _archive(tmp_path / "full.tar.gz", run, ["coverage", "kernels", "parity", "features", "evals"],
+                       extra=extra)
+    monkeypatch.chdir(ROOT)
+    assert carried_run.main([str(archive)]) == 0
+    out = capsys.readouterr().out
+    assert "left: perf (3 of its cases finished: kept)" in out and "on NVIDIA H100 80GB HBM3 (sm_90) only" in out
 
 
 def test_a_changed_part_is_named_and_refused(tmp_path, monkeypatch, capsys):

@@ -79,3 +79,18 @@ def test_a_suite_that_crashed_shows_its_kept_cases_and_keeps_them_for_the_next_r
     assert [r["case_id"] for r in read_rows(state.rows_path("perf"))] == [
         "perf/speedup/b1", "perf/speedup/b2", "perf/suite"]
     assert state.keep_finished("perf") == 2  # b1 (kept before) and b2; the crash's own row is not a case
+
+
+def test_the_suite_log_keeps_the_cut_off_attempt_and_says_the_suite_was_resumed(tmp_path):
+    state = state_with_plan(tmp_path)
+    attempt(state, (0, 1), {"perf/speedup/b1": "pass"}, ["perf/speedup/b1"])
+    state.log_path("perf").parent.mkdir(parents=True)
+    state.log_path("perf").write_text("first attempt: b1 took 3 s\n")
+    state.keep_finished("perf")
+    assert not state.log_path("perf").exists()
+    state.log_path("perf").write_text("second attempt: the rest\n")
+    state.mark("perf", "done", pytest_exit=0)
+    state.join_kept("perf")
+    log = state.log_path("perf").read_text()
+    assert log.index("cut off: 1 finished case(s) kept") < log.index("first attempt") < \
+        log.index("== the attempt that ended the suite") < log.index("second attempt")
