@@ -219,6 +219,11 @@ def test_the_summary_of_a_resumed_suite_reads_the_kept_cases(perf_run, tmp_path)
     second = json.loads((new_artifacts / "perf" / "summary.json").read_text())
     assert second["cases"] == first["cases"] and second["prompt_cases"] == first["prompt_cases"]
     assert second["control"] == first["control"] and first["cases"]
+    kept_bw = json.loads(next(r for r in rows if r["metric"] == "speedup_ci_low")["evidence"])["bandwidth"]
+    text = (new_artifacts / "perf" / "summary.md").read_text()
+    assert f"kept from an earlier, cut-off attempt of the run; their MBU is against that attempt's copy " \
+        f"bandwidth: {kept_bw / 1e9:,.1f} GB/s" in text
+    assert "kept from an earlier" not in (artifacts / "perf" / "summary.md").read_text()
 
 
 class _FakeModel:

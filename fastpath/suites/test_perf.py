@@ -437,6 +437,13 @@ def kept_results(kept_rows: list[dict]) -> tuple[list[dict], list[dict], dict | 
     return entries["speedup"], entries["prompt_speedup"], (controls[0] if controls else None)
 
 
+def kept_bandwidths(kept_rows: list[dict]) -> list[float]:
+    """The copy bandwidths the kept speedup cases were measured against (one per earlier attempt)."""
+    evidence = [r.get("evidence") for r in kept_rows if r["metric"] == "speedup_ci_low"]
+    found = [(json.loads(e) if isinstance(e, str) else e or {}).get("bandwidth") for e in evidence]
+    return sorted({float(b) for b in found if b})
+
+
 @pytest.mark.fastpath(kind="summary", gate="perf_speedup", sums_up=True)
 def test_summary(case, fp_engine, fp_spec, fp_tier, record, request, fp_kept_rows):
     gated, why = gating(fp_spec, fp_tier, fp_engine)
@@ -449,6 +456,10 @@ def test_summary(case, fp_engine, fp_spec, fp_tier, record, request, fp_kept_row
     head = (f"# perf summary ({H.tier_name(fp_tier)} tier, {info.get('device_name')}, {info.get('model_config')}, "
             f"standard = torch.compile {info.get('standard_compile')!r})\n\n"
             f"copy bandwidth (measured in this run): {bw / 1e9:,.1f} GB/s\n")
+    earlier = kept_bandwidths(fp_kept_rows)
+    if earlier:  # a resumed suite: its kept cases' MBU is against their own attempt's measurement
+        head += (f"{len(kept_speedups)} speedup case(s) kept from an earlier, cut-off attempt of the run; their MBU "
+                 f"is against that attempt's copy bandwidth: {', '.join(f'{b / 1e9:,.1f}' for b in earlier)} GB/s\n")
     if control:
         head += (f"control (standard vs standard): {control['speedup']:.4f}x "
                  f"[{control['ci_low']:.4f}, {control['ci_high']:.4f}] alarm={control['alarm']}\n")
