@@ -124,8 +124,7 @@ class RunState:
             rows = self.rows_path(suite)
             lines = kept.read_text(encoding="utf-8").splitlines(keepends=True)
             lines += rows.read_text(encoding="utf-8").splitlines(keepends=True) if rows.is_file() else []
-            rank = {case_id: i for i, case_id in enumerate(self.case_order(suite))}
-            lines.sort(key=lambda line: rank.get(_case_id(line), len(rank)))  # stable: a case's rows keep their order
+            _in_plan_order(lines, self.case_order(suite))
             tmp = rows.with_suffix(".tmp")
             tmp.write_text("".join(lines), encoding="utf-8")
             tmp.replace(rows)
@@ -207,8 +206,7 @@ class RunState:
         lines = [line for sh in shards if (p := self.rows_path(suite, sh)).is_file()
                  for line in p.read_text(encoding="utf-8").splitlines(keepends=True)]
         if case_order:
-            rank = {case_id: i for i, case_id in enumerate(case_order)}
-            lines.sort(key=lambda line: rank.get(_case_id(line), len(rank)))  # stable: a case's rows keep their order
+            _in_plan_order(lines, case_order)
         rows.write_text("".join(lines), encoding="utf-8")
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text("".join(_shard_heading(sh) + (p.read_text(encoding="utf-8") if p.is_file() else "")
@@ -244,6 +242,13 @@ class RunState:
                 rows += self._rows(self.rows_path(suite))
             self.kept_rows(suite)  # a torn or edited kept file fails a resume before any suite runs
         return rows
+
+
+def _in_plan_order(lines: list[str], case_order: list[str]) -> None:
+    """Sort row lines by their case's place in the plan, in place (stable: a case's rows keep
+    their order; a line of no planned case goes last)."""
+    rank = {case_id: i for i, case_id in enumerate(case_order)}
+    lines.sort(key=lambda line: rank.get(_case_id(line), len(rank)))
 
 
 def _case_id(line: str) -> str | None:

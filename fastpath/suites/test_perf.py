@@ -424,14 +424,16 @@ def test_control(case, fp_models, fp_engine, fp_spec, fp_tier, record):
                                                                    "order": rounds.order()}), path="standard")
 
 
+def _json_column(row: dict, key: str) -> dict:
+    """A stored row's ``detail`` or ``evidence`` (JSON text in the row files) as a dict."""
+    value = row.get(key)
+    return json.loads(value) if isinstance(value, str) else dict(value or {})
+
+
 def kept_results(kept_rows: list[dict]) -> tuple[list[dict], list[dict], dict | None]:
     """(speedup cases, prompt cases, control) an earlier attempt of the run measured and a resume
     kept (fp_kept_rows): the summary's rows for the cases this session did not run."""
-    def detail(row: dict) -> dict:
-        d = row.get("detail")
-        return json.loads(d) if isinstance(d, str) else dict(d or {})
-
-    entries = {metric: [detail(r)["table_entry"] for r in kept_rows if r["metric"] == metric]
+    entries = {metric: [_json_column(r, "detail")["table_entry"] for r in kept_rows if r["metric"] == metric]
                for metric in ("speedup", "prompt_speedup", "control_speedup")}
     controls = entries["control_speedup"]
     return entries["speedup"], entries["prompt_speedup"], (controls[0] if controls else None)
@@ -439,8 +441,7 @@ def kept_results(kept_rows: list[dict]) -> tuple[list[dict], list[dict], dict | 
 
 def kept_bandwidths(kept_rows: list[dict]) -> list[float]:
     """The copy bandwidths the kept speedup cases were measured against (one per earlier attempt)."""
-    evidence = [r.get("evidence") for r in kept_rows if r["metric"] == "speedup_ci_low"]
-    found = [(json.loads(e) if isinstance(e, str) else e or {}).get("bandwidth") for e in evidence]
+    found = [_json_column(r, "evidence").get("bandwidth") for r in kept_rows if r["metric"] == "speedup_ci_low"]
     return sorted({float(b) for b in found if b})
 
 
