@@ -12,7 +12,8 @@ of its suite and kind, provides the fixtures, and turns every outcome into resul
 
 A case that runs out of GPU memory (``OUT_OF_MEMORY``) in one of several shards sharing the GPU
 (``--fastpath-oom defer``) leaves no rows: its rows are held until the case ends, its claim is
-released, and ``verify`` runs it again alone once the suite's shards are done (suite_workers); run
+released, and ``verify`` runs it again alone once the suite's shards are done (suite_workers;
+``--fastpath-retry``: the released cases, not the helper tests, which shard 0 ran); run
 alone (``alone``) or beside other suites (``shared``), it is an error row whose message names the
 cause and the fix.
 
@@ -118,8 +119,9 @@ class FastpathSession:
 
     def __init__(self, spec: Spec, tier: Tier, plan: Plan, rows_path: Path | None, suite: str | None,
                  shard: tuple[int, int] = (0, 1), claims: Path | None = None, oom: str = "alone",
-                 finished: Path | None = None, kept: Path | None = None) -> None:
+                 finished: Path | None = None, kept: Path | None = None, retry: bool = False) -> None:
         self.spec, self.tier, self.plan, self.suite, self.shard = spec, tier, plan, suite, shard
+        self.retry = retry  # the suite's retry: only the cases its shards released (helper tests ran in shard 0)
         self.finished = finished  # each case id once its rows are all written (what a resume keeps)
         # rows of cases an earlier, interrupted attempt finished: not run again (RunState.keep_finished)
         self.kept_rows = read_rows(kept) if kept else []
@@ -220,6 +222,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--fastpath-claims", help="with --fastpath-shard: a folder the suite's N shards share; each "
                     "runs the plan's cases in order, skipping those another shard claimed first (a shard that "
                     "drew short cases takes more), instead of the fixed positions")
+    group.addoption("--fastpath-retry", action="store_true", help="with --fastpath-claims: the suite's retry alone, "
+                    "after its shards: runs the cases they released (out of GPU memory), not the helper tests")
     group.addoption("--fastpath-finished", help="file each finished case's id is appended to (once its rows "
                     "are written): what `fastpath verify --resume` keeps of an interrupted attempt")
     group.addoption("--fastpath-kept", help="JSONL rows of cases an earlier attempt finished: those cases are not "
@@ -245,9 +249,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[STATE] = FastpathSession(spec, tier, plan, Path(rows) if rows else None,
                                           config.getoption("fastpath_suite"), _shard(config.getoption("fastpath_shard")),
                                           Path(claims) if claims else None, config.getoption("fastpath_oom"),
-                                          Path(finished) if finished else None, Path(kept) if kept else None)
+                                          Path(finished) if finished else None, Path(kept) if kept else None,
+                                          config.getoption("fastpath_retry"))
     if config.stash[STATE].oom == "defer" and not claims:
         raise pytest.UsageError("--fastpath-oom defer needs --fastpath-claims (the retry claims the released cases)")
+    if config.stash[STATE].retry and not claims:
+        raise pytest.UsageError("--fastpath-retry needs --fastpath-claims (the folder where the shards released cases)")
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -341,8 +348,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if state is None or state.claims is None:
         return None
     case = _case(item)
-    if case is None and state.shard[1] == 1:
-        return True  # a suite's retry (claims, one shard): its helper tests ran in its shard 0
+    if case is None and state.retry:
+        return True  # its helper tests ran in the suite's shard 0
     if case and not state.claim(case["case_id"]):
         return True
     return None

@@ -401,6 +401,8 @@ def _run_one_suite(suite: str, spec: Spec, plan: Plan, state: RunState, suites_d
         args += ["--fastpath-kept", str(state.kept_path(suite))]
     if shard[1] > 1 or shard == RETRY:  # the shards share out the cases as each gets free (suite_workers)
         args += ["--fastpath-claims", str(state.claims_dir(suite))]
+    if shard == RETRY:
+        args += ["--fastpath-retry"]
     # out of GPU memory: a shard gives the case back for the retry alone; otherwise an error row
     oom = "alone" if shard == RETRY else "defer" if shard[1] > 1 else "shared" if beside_others else "alone"
     args += ["--fastpath-oom", oom]

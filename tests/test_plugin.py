@@ -91,6 +91,24 @@ def test_shards_with_a_claims_folder_share_the_cases_out_as_they_go(tmp_path):
     assert code == 0 and rows == []  # every case claimed: nothing ran here
 
 
+def test_the_retry_runs_the_released_cases_and_not_the_helper_tests(tmp_path):
+    """The suite's retry (--fastpath-retry, after its shards) runs the cases still unclaimed and
+    none of the helper tests, which ran in shard 0; a lone shard with claims that is not the retry
+    runs them; --fastpath-retry without a claims folder is a usage error."""
+    body = DECODE_TEST + """
+    def test_helper(tmp_path_factory):
+        raise AssertionError("a helper test ran")
+"""
+    claims = tmp_path / "claims"
+    claims.mkdir()
+    code, rows = run_suite(tmp_path / "retry", body, "coverage", "--fastpath-claims", str(claims), "--fastpath-retry")
+    assert code == 0 and rows and all(r["case_id"].startswith("coverage/decode/") for r in rows)
+    code, rows = run_suite(tmp_path / "lone", body, "coverage", "--fastpath-claims", str(tmp_path / "other"))
+    assert code == 1 and [r["case_id"] for r in rows if "a helper test ran" in r["message"]] == ["coverage/test/test_helper"]
+    code, _ = run_suite(tmp_path / "bad", body, "coverage", "--fastpath-retry")
+    assert code == 4
+
+
 def test_a_case_is_claimed_by_one_shard_only():
     import tempfile
 
