@@ -3,9 +3,13 @@
     python3 -m lab.gpu_table_ab --batches 64 --context 1024 \\
         --variant 'down_main={"moe_schedule": {"latent_down": "main"}}' \\
         --variant 'router_w4={"moe_router": {"num_warps": 4}}'
+    python3 -m lab.gpu_table_ab --batches 2,64 --like nvidia_h200
 
 A variant is NAME=JSON: {kernel: {field: value}}, applied to the bucket that serves the timed
 batch (the table's other buckets are untouched). The table as checked in is the baseline.
+``--like TABLE`` (a file stem under the tuning folder, e.g. nvidia_h200) adds, per batch, that
+table's settings as variants: kernel by kernel where its bucket differs, then all at once
+(``sweep_util.variants_like``).
 Per batch, each setting's whole step (CUDA graph, fused sampler) is captured once and all are
 timed in interleaved rounds (the order reversed every other round; median of the rounds,
 ``fastpath.measure.time_calls`` over back-to-back replays): a kernel that is faster alone can be
@@ -25,7 +29,7 @@ import statistics
 import torch
 
 from fastpath.measure import parse_variant, patched, stopwatch_log, time_calls
-from lab.sweep_util import max_finite_diff
+from lab.sweep_util import max_finite_diff, variants_like
 from optimized_model.k3.fast import dispatch, tuning
 from optimized_model.k3.model import K3Model
 
@@ -37,14 +41,23 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--variant", action="append", default=[], help="NAME=JSON (repeatable)")
+    ap.add_argument("--like", help="another tuning table's file stem (e.g. nvidia_h200): its settings as variants")
     args = ap.parse_args()
-    variants = [("table", {})] + [parse_variant(v) for v in args.variant]
+    given = [("table", {})] + [parse_variant(v) for v in args.variant]
     log = stopwatch_log()
     table = tuning.table_for("cuda")
+    other = None
+    if args.like:
+        path = tuning.TABLE_DIR / f"{args.like}.json"
+        if not path.is_file():
+            stems = ", ".join(sorted(p.stem for p in tuning.TABLE_DIR.glob("*.json")))
+            raise SystemExit(f"--like {args.like}: no table {path.name} in {tuning.TABLE_DIR}; one of: {stems}")
+        other = tuning.load_table(path)
     model = K3Model.build("mini", device="cuda", dtype=torch.bfloat16, seed=0)
     fd = dispatch.build_fast_decoder(model, lambda b, cap: model.new_state(b, cap))
     rows = []
     for B in [int(b) for b in args.batches.split(",")]:
+        variants = given + (variants_like(table, other, B) if other else [])
         steps, first = {}, {}
         for name, patch in variants:
             try:

@@ -1,6 +1,7 @@
 """Helpers the lab tools share beyond fastpath.measure: loading a copy of a kernel module, a
-verify-row scope past the spec's, and the teacher-forced decoding and logit comparison of
-gpu_oracle_ab.py and gpu_parity_noise.py."""
+verify-row scope past the spec's, another table's settings as variants (gpu_table_ab.py --like),
+and the teacher-forced decoding and logit comparison of gpu_oracle_ab.py and
+gpu_parity_noise.py."""
 
 from __future__ import annotations
 
@@ -26,6 +27,32 @@ def allow_verify_rows(rows: int) -> None:
     from optimized_model.k3.fast import dispatch
 
     dispatch.scope()["max_verify_rows"] = rows
+
+
+def serving_bucket(table: dict, kernel: str, batch: int) -> dict:
+    """The bucket of ``table`` that serves ``batch`` for ``kernel`` (as fastpath.measure's patches
+    and the tuning lookup choose it: the first with max_batch >= batch, else the last)."""
+    buckets = table["kernels"][kernel]["buckets"]
+    return next((b for b in buckets if batch <= b["max_batch"]), buckets[-1])
+
+
+def variants_like(table: dict, other: dict, batch: int) -> list[tuple[str, dict]]:
+    """``other`` table's settings at ``batch`` as patches of ``table``: one variant a kernel whose
+    serving bucket differs (``like:KERNEL``, the fields of ``other``'s bucket that differ), then
+    all of them at once (``like:all``), so one run says which of them win on this GPU (session
+    33 wrote these by hand for the H200 table on an H100). A patch adds and changes fields,
+    never removes one: a field only ``table``'s bucket has stays."""
+    variants = []
+    for kernel in table["kernels"]:
+        if kernel not in other.get("kernels", {}):
+            continue
+        mine, theirs = serving_bucket(table, kernel, batch), serving_bucket(other, kernel, batch)
+        changed = {k: v for k, v in theirs.items() if k not in ("max_batch", "note") and mine.get(k) != v}
+        if changed:
+            variants.append((f"like:{kernel}", {kernel: changed}))
+    if len(variants) > 1:
+        variants.append(("like:all", {k: v for _, patch in variants for k, v in patch.items()}))
+    return variants
 
 
 def max_finite_diff(a, b) -> float:

@@ -44,3 +44,42 @@ def test_teacher_forced_decoding_of_the_standard_and_fast_paths():
     c = S.compare_logits(yf, y)
     assert c["top1"] == 1.0 and c["max_diff"] < 1e-3 and 0 <= c["kl"] < 1e-6
     assert S.compare_logits(y, y) == dict(max_diff=0.0, mean_diff=0.0, top1=1.0, kl=0.0)
+
+
+def _table(device: str, **kernels) -> dict:
+    return {"device": device, "kernels": {k: {"buckets": b} for k, b in kernels.items()}}
+
+
+def test_another_tables_settings_become_variants_kernel_by_kernel_and_all_at_once():
+    mine = _table("default", gemv=[{"max_batch": 4, "BLOCK_N": 32, "prefetch": 1}, {"max_batch": 64, "BLOCK_N": 64}],
+                  kda=[{"max_batch": 64, "BLOCK_V": 0}], sampler=[{"max_batch": 64, "variant": "triton"}],
+                  only_mine=[{"max_batch": 64, "x": 1}])
+    other = _table("h200", gemv=[{"max_batch": 2, "BLOCK_N": 128, "note": "why"}, {"max_batch": 64, "BLOCK_N": 64}],
+                   kda=[{"max_batch": 64, "BLOCK_V": 32, "early": 1}], sampler=[{"max_batch": 64, "variant": "triton"}])
+    # batch 2: gemv is served by mine's 4-row and other's 2-row bucket; sampler's are equal
+    assert S.variants_like(mine, other, 2) == [
+        ("like:gemv", {"gemv": {"BLOCK_N": 128}}), ("like:kda", {"kda": {"BLOCK_V": 32, "early": 1}}),
+        ("like:all", {"gemv": {"BLOCK_N": 128}, "kda": {"BLOCK_V": 32, "early": 1}})]
+    # batch 64: only kda differs, so no "all"; past every bucket the last one serves
+    assert S.variants_like(mine, other, 64) == [("like:kda", {"kda": {"BLOCK_V": 32, "early": 1}})]
+    assert S.variants_like(mine, other, 128) == S.variants_like(mine, other, 64)
+    assert S.variants_like(mine, mine, 8) == []
+
+
+def test_the_committed_tables_as_variants_reach_the_other_tables_settings():
+    """Each like: variant, applied as gpu_table_ab applies it, leaves the default table's serving
+    bucket with the H200 table's value of every field the H200 bucket sets."""
+    import copy
+
+    from fastpath.measure import patched
+    from optimized_model.k3.fast import tuning
+
+    mine = copy.deepcopy(tuning.tables()["default"])
+    other = tuning.tables()["NVIDIA H200"]
+    for batch in (1, 2, 8, 64):
+        variants = S.variants_like(mine, other, batch)
+        assert variants and variants[-1][0] == "like:all"
+        with patched(mine, variants[-1][1], batch):
+            for kernel in variants[-1][1]:
+                got, want = S.serving_bucket(mine, kernel, batch), S.serving_bucket(other, kernel, batch)
+                assert all(got[k] == v for k, v in want.items() if k not in ("max_batch", "note")), (batch, kernel)
