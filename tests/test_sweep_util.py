@@ -67,7 +67,7 @@ def test_another_tables_settings_become_variants_kernel_by_kernel_and_all_at_onc
 
 
 def test_the_committed_tables_as_variants_reach_the_other_tables_settings():
-    """Each like: variant, applied as gpu_table_ab applies it, leaves the default table's serving
+    """The like:all variant, applied as gpu_table_ab applies it, leaves the default table's serving
     bucket with the H200 table's value of every field the H200 bucket sets."""
     import copy
 
