@@ -447,6 +447,10 @@ def _finish(spec: Spec, plan: Plan, state: RunState, repo_root: Path, opts: Veri
     from fastpath import bundle as bundle_mod
     from fastpath.environment import capture
 
+    for suite in plan.suites:  # a worker that ended "done" while the run was being interrupted was
+        if (state.marker(suite) or {}).get("status") == "done":  # never joined: its kept rows join now
+            state.join_kept(suite)
+
     verdict = evaluate(spec, rows_frame(state.all_rows(plan)), plan, plan.tier, state.suite_state(plan))
     summary = verdict.to_summary()
     write_json_atomic(summary, state.root / "summary.json")

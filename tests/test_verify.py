@@ -266,6 +266,27 @@ def test_a_suite_cut_off_mid_way_keeps_its_finished_cases_on_resume(tmp_path, mo
     assert not list((state / "kept").iterdir()) and not list((state / "finished").iterdir())
 
 
+def test_a_suite_done_as_the_run_was_interrupted_still_joins_its_kept_rows(tmp_path):
+    """A worker can end "done" while verify is being interrupted, before verify joins the suite's
+    kept rows (CI saw its finished notes left over): the bundle's rows must still hold every case
+    and the notes go. Made by hand: coverage done, its first case's rows still in kept/."""
+    spec = make_project(tmp_path / "p")
+    whole = run(spec, out=tmp_path / "whole")
+    assert run(spec, out=tmp_path / "run", only=["coverage"]).exit_code == 3
+    state = tmp_path / "run" / "state"
+    lines = (state / "rows" / "coverage.jsonl").read_text().splitlines(keepends=True)
+    first = json.loads(lines[0])["case_id"]
+    (state / "kept").mkdir(exist_ok=True)
+    (state / "kept" / "coverage.jsonl").write_text("".join(l for l in lines if json.loads(l)["case_id"] == first))
+    (state / "rows" / "coverage.jsonl").write_text("".join(l for l in lines if json.loads(l)["case_id"] != first))
+    (state / "finished").mkdir(exist_ok=True)
+    (state / "finished" / "coverage.txt").write_text(first + "\n")
+    resumed = run(None, resume=tmp_path / "run")
+    assert (resumed.exit_code, resumed.verdict) == (0, "pass"), resumed.message
+    assert _rows(resumed) == _rows(whole)
+    assert not list((state / "kept").iterdir()) and not list((state / "finished").iterdir())
+
+
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_resuming_only_suites_already_done_runs_nothing_and_says_so(tmp_path, jobs):
     spec = make_project(tmp_path / "p")
