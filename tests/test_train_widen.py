@@ -8,6 +8,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before any fast kernel module 
 
 import time
 
+import pytest
 import torch
 
 from fastpath import trace
@@ -57,6 +58,19 @@ def test_fresh_heads_start_silent_with_queries_unlike_the_old_ones(one_torch_thr
     assert torch.equal(wide["L3.kv_b"][H * (nope + v):], weights["L3.kv_b"])  # keys and values copied
     torch.testing.assert_close(_per_position_ce(get_config("trained_mla8"), wide), _per_position_ce(narrow, weights),
                                rtol=1e-4, atol=1e-4)
+
+
+def test_fresh_heads_can_speak_from_the_start(one_torch_thread):
+    narrow = get_config("trained")
+    weights = TrainableK3.create(narrow, device="cpu", compute_dtype=torch.float32, seed=3).export(torch.float32)
+    H, v = narrow.mla_heads, narrow.v_head
+    loud = widen.widen(weights, narrow, heads="fresh", out_scale=0.5, seed=0)
+    old, new = weights["L3.o_proj"], loud["L3.o_proj"][:, H * v:]
+    assert torch.equal(loud["L3.o_proj"][:, : H * v], old)
+    assert 0.4 < float(new.std() / old.std()) < 0.6  # at the asked share of the old heads' spread
+    assert (_per_position_ce(get_config("trained_mla8"), loud) - _per_position_ce(narrow, weights)).abs().max() > 1e-4
+    with pytest.raises(ValueError, match="out_scale"):  # copies share their heads' outputs
+        widen.widen(weights, narrow, heads="copied", out_scale=0.5)
 
 
 def test_a_fine_tune_starts_from_the_widened_file(tmp_path, one_torch_thread):

@@ -29,15 +29,20 @@ HEADS = ("fresh", "copied")
 
 
 def widen(weights: dict[str, torch.Tensor], cfg: K3Config, *, heads: str = "fresh", noise: float = 0.1,
-          seed: int = 0) -> dict[str, torch.Tensor]:
+          out_scale: float = 0.0, seed: int = 0) -> dict[str, torch.Tensor]:
     """``weights`` of ``cfg`` with every MLA layer's heads doubled (head h + H beside head h).
     ``heads="copied"``: each pair shares its o_proj columns' halves, the copy's query rows moved by
     ``noise`` times the head's spread. ``heads="fresh"``: the new heads' queries and output gates
     drawn anew at the init's scales (weights.py) and their o_proj columns zero, so they start
     silent and unlike the old ones (session 31's copied heads were still pairwise alike after
-    1,873 steps)."""
+    1,873 steps); ``out_scale`` > 0 draws those columns instead at ``out_scale`` times the old
+    columns' spread, so the new heads speak from the first step (silent ones stayed silent and
+    shut their gates through 100 CPU steps at lr 1e-3: docs/k3-mini.md), at the price of a
+    model that no longer computes what the narrow one did."""
     if heads not in HEADS:
         raise ValueError(f"heads={heads!r}: choose one of {HEADS}")
+    if out_scale and heads != "fresh":
+        raise ValueError("out_scale is for heads='fresh' (copies share their heads' outputs)")
     gen = torch.Generator().manual_seed(seed)
     H, nope, v = cfg.mla_heads, cfg.qk_nope, cfg.v_head
     out = dict(weights)
@@ -59,7 +64,9 @@ def widen(weights: dict[str, torch.Tensor], cfg: K3Config, *, heads: str = "fres
         new_gate = gate if heads == "copied" else cfg.hidden ** -0.5 * torch.randn(gate.shape, generator=gen)
         out[p + "gate_proj"] = torch.cat([gate, new_gate]).flatten(0, 1)
         o = weights[p + "o_proj"].float()  # [hidden, H * v]
-        out[p + "o_proj"] = torch.cat([o / FACTOR, o / FACTOR] if heads == "copied" else [o, torch.zeros_like(o)], dim=1)
+        # drawn only when asked, so the default's later draws (and file) stay what they were
+        new_o = out_scale * o.std() * torch.randn(o.shape, generator=gen) if out_scale else torch.zeros_like(o)
+        out[p + "o_proj"] = torch.cat([o / FACTOR, o / FACTOR] if heads == "copied" else [o, new_o], dim=1)
         for name in ("q_b", "kv_b", "gate_proj", "o_proj"):
             out[p + name] = out[p + name].to(weights[p + name].dtype).contiguous()
     return out
@@ -77,16 +84,20 @@ def main(argv: list[str] | None = None) -> int:
                     "silent outputs, or copies of the old ones (widen's docstring)")
     ap.add_argument("--noise", type=float, default=0.1, help="--heads copied: the copies' query noise, times each "
                     "head's spread")
+    ap.add_argument("--out-scale", type=float, default=0.0, help="--heads fresh: the new heads' o_proj columns "
+                    "at this times the old columns' spread (default 0: silent, the model unchanged)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     meta = checkpoint.export_meta(args.weights)
     if meta.get("config", TRAINED.name) != TRAINED.name:
         raise SystemExit(f"{args.weights} holds the {meta['config']!r} config's weights: widen the {TRAINED.name!r} config's")
     source = hashlib.sha256(open(args.weights, "rb").read()).hexdigest()
-    wide = widen(load_file(args.weights), TRAINED, heads=args.heads, noise=args.noise, seed=args.seed)
-    path = checkpoint.export_weights(wide, args.out, {**meta, "config": WIDE.name,
-                                                      "widened_from": {"sha256": source, "heads": args.heads,
-                                                                       "noise": args.noise, "seed": args.seed}})
+    wide = widen(load_file(args.weights), TRAINED, heads=args.heads, noise=args.noise, out_scale=args.out_scale,
+                 seed=args.seed)
+    how = {"sha256": source, "heads": args.heads, "noise": args.noise, "seed": args.seed}
+    if args.out_scale:
+        how["out_scale"] = args.out_scale
+    path = checkpoint.export_weights(wide, args.out, {**meta, "config": WIDE.name, "widened_from": how})
     print(f"{path}: {TRAINED.mla_heads} -> {WIDE.mla_heads} MLA heads from {args.weights} (sha256 {source[:8]}...), "
           f"sha256 {hashlib.sha256(path.read_bytes()).hexdigest()}")
     return 0
