@@ -128,6 +128,7 @@ def export_weights(weights: dict[str, torch.Tensor], path: str | Path, meta: dic
     sorted JSON string: safetensors writes a metadata table's keys in no fixed order, and two
     exports of one state got two sha256s (the digest the spec pins) from that alone."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp),
               metadata={EXPORT_META_KEY: json.dumps(meta or {}, sort_keys=True)})
