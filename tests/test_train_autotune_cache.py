@@ -56,3 +56,19 @@ def test_a_failure_to_carry_never_stops_training(capsys):
     out = capsys.readouterr().out
     assert "not restored (ReadError: truncated); Triton autotunes afresh" in out
     assert "packed 3 results" in out
+
+
+def test_a_run_restores_the_named_archive_else_its_states_else_the_committed_seed():
+    assert ac.archive_to_restore("x/a.tar.gz", "state").as_posix() == "x/a.tar.gz"
+    assert ac.archive_to_restore(None, "state").as_posix() == "state/" + ac.ARCHIVE
+    assert ac.archive_to_restore(None, None) == ac.SEED
+
+
+def test_the_committed_seed_holds_only_autotuning_results_of_fla_kernels(tmp_path):
+    """A fresh machine's run restores it: every member an autotune result, none outside the cache."""
+    assert ac.SEED.is_file()
+    restored = ac.unpack(ac.SEED, tmp_path / "cache")
+    assert restored >= 10
+    files = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+    assert len(files) == restored and all(p.name.endswith(ac.SUFFIX) for p in files)
+    assert any("chunk_kda" in p.name for p in files)

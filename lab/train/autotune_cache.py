@@ -18,6 +18,17 @@ from pathlib import Path
 
 ARCHIVE = "autotune.tar.gz"
 SUFFIX = ".autotune.json"
+# Session 35's results on an H100 (triton 3.6.0, fla-core 0.6.0; sm_90, so the H200 reads them
+# too): a fresh run starts from them, since no machine keeps a cache from one session to the next
+# (set-up 126 s there without them, ~25 s with them in session 25).
+SEED = Path(__file__).with_name("autotune-sm90.tar.gz")
+
+
+def archive_to_restore(autotune: str | None, resume: str | None) -> Path:
+    """The archive a run restores first: the one named, else the resumed state's, else the seed."""
+    if autotune:
+        return Path(autotune)
+    return Path(resume) / ARCHIVE if resume else SEED
 
 
 def enable() -> None:

@@ -116,8 +116,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="KIND=SHARE,... of the graded loss (Mix.loss_shares); on --resume from the state's step on")
     ap.add_argument("--moe-backend", choices=("grouped", "loop", "auto"), default="auto")
     ap.add_argument("--autotune", default=None,
-                    help="an autotune.tar.gz to restore before the first step (default: the --resume folder's); "
-                         "a fresh run on a fresh machine otherwise autotunes fla's kernels afresh")
+                    help="an autotune.tar.gz to restore before the first step (default: the --resume folder's, "
+                         "else the committed lab/train/autotune-sm90.tar.gz); results whose key does not "
+                         "match (another Triton, GPU or kernel) are ignored and autotuned afresh")
     args = ap.parse_args(argv)
     if args.resume and args.init_from:
         raise SystemExit("--resume and --init-from exclude each other: --resume continues a state (its optimizer, "
@@ -146,9 +147,9 @@ def main(argv: list[str] | None = None) -> int:
                      save_every_s=args.save_every, mix=mix)
     if args.lr is not None:
         tc.lr = args.lr
-    archive = args.autotune or (Path(args.resume) / autotune_cache.ARCHIVE if args.resume else None)
-    if device == "cuda" and archive:
-        _carry_autotuning(lambda: autotune_cache.unpack(Path(archive), autotune_cache.cache_dir()), "restored")
+    archive = autotune_cache.archive_to_restore(args.autotune, args.resume)
+    if device == "cuda":
+        _carry_autotuning(lambda: autotune_cache.unpack(archive, autotune_cache.cache_dir()), "restored")
     # each set-up piece is timed: on a fresh machine they compile fla's kernels, and a fresh run
     # on the H100 spent 284 s of its 300 before the first step (docs/k3-mini.md)
     t = time.monotonic()
