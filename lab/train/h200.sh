@@ -15,10 +15,13 @@
 # and scores the full tier's eval documents (probe.json's "eval_documents": the figures a
 # checkpoint is adopted by). The state stays on the machine as ~/last-run, so the next call,
 # within the machine's idle release, resumes without carrying it: bash lab/train/h200.sh ~/last-run
+# TRAIN_S (default 480) is the training step's budget: a call of less than 600 s (the session's
+# device time running out) trains TRAIN_S = the call's limit - 120 s and still probes and keeps.
 set -u
 resume=
 if [ -n "${1:-}" ] && [ "${1#--}" = "$1" ]; then resume=$1; shift; fi
+train_s=${TRAIN_S:-480}
 exec bash lab/gpu_steps.sh \
-  "train:495:python3 -m lab.train.run --budget 480 --out \$OUT${resume:+ --resume $resume}${*:+ $*}" \
+  "train:$((train_s + 15)):python3 -m lab.train.run --budget $train_s --out \$OUT${resume:+ --resume $resume}${*:+ $*}" \
   "probe:90:python3 -m lab.train.export \$OUT /tmp/probe.safetensors && python3 -m lab.train.probe /tmp/probe.safetensors --device cuda --mrcr-tokens 400,2000,8000 --with-eval-documents full --out \$OUT/probe.json" \
   "keep:10:rm -rf ~/last-run && mkdir -p ~/last-run && cp \$OUT/state-*.safetensors \$OUT/train-log.jsonl \$OUT/autotune.tar.gz ~/last-run/"
