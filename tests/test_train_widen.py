@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before any fast kernel module is imported
-
 import time
 
 import pytest
 import torch
 
-from fastpath import trace
 from lab.train import checkpoint, widen
 from lab.train.loop import TrainConfig, train
 from lab.train.trainable import TrainableK3
 from optimized_model.k3.config import get_config
-from optimized_model.k3.fast import dispatch
-from optimized_model.k3.model import K3Model
 
 
 def _per_position_ce(cfg, weights):
@@ -93,20 +86,3 @@ def test_a_fine_tune_starts_from_the_widened_file(tmp_path, one_torch_thread):
           compute_dtype=torch.float32, moe_backend="loop", max_steps=0, say=said.append, resume=tmp_path / "ft")
     assert checkpoint.load_state(tmp_path / "ft2")[1]["config"] == "trained_mla8"
     assert any("resuming with the training config the state was saved with" in s for s in said)
-
-
-def test_the_fast_path_decodes_the_widened_config_as_the_standard_path_does(one_torch_thread):
-    """What adopting a trained_mla8 checkpoint needs of the fast path, in the interpreter (its sm_90
-    build: ``lab.aot`` on the config compiled 93 launches, none over the shared memory, session 31)."""
-    cfg = get_config("trained_mla8")
-    m = K3Model.build(cfg, device="cpu", dtype=torch.float32, seed=0)
-    fd = dispatch.build_fast_decoder(m, lambda b, cap: m.new_state(b, cap))
-    st = m.random_state(2, 9, 64, seed=1)
-    st_f = st.clone()
-    st_f.max_len = 9
-    tok = torch.tensor([5, 200])
-    ref = m.decode(tok, st)[:, : cfg.n_real_tokens]
-    with trace.recording() as rec:
-        out = fd.decode(tok, st_f)[:, : cfg.n_real_tokens]
-    assert len(rec.engaged("mla_decode")) == cfg.layer_kinds.count("mla")
-    assert (out - ref).abs().max().item() < 1e-4 and (out.argmax(-1) == ref.argmax(-1)).all()
