@@ -149,6 +149,26 @@ def test_a_run_fine_tunes_the_committed_weights_without_the_curriculum(tmp_path,
     assert meta["train_config"]["lr"] == 2e-4
 
 
+def test_a_runs_row_lengths_and_curriculum_are_set_fresh_and_changed_on_resume(tmp_path, monkeypatch,
+                                                                              one_torch_thread):
+    """--lengths and --short-steps set a fresh run's mix; on --resume they change it from the state's step on."""
+    from lab.train import run
+
+    monkeypatch.setenv("TRITON_CACHE_AUTOTUNING", "1")
+    common = ["--config", "tiny", "--device", "cpu", "--workers", "0", "--budget", "0"]
+    assert run.main(common + ["--lengths", "2048=0.5,8192=0.5", "--short-steps", "800",
+                              "--out", str(tmp_path / "a")]) == 0
+    mix = checkpoint.load_state(tmp_path / "a")[1]["train_config"]["mix"]
+    assert (mix["lengths"], mix["short_steps"]) == ([[2048, 0.5], [8192, 0.5]], 800)
+    assert run.main(common + ["--resume", str(tmp_path / "a"), "--lengths", "16384=1", "--short-steps", "0",
+                              "--out", str(tmp_path / "b")]) == 0
+    meta = checkpoint.load_state(tmp_path / "b")[1]
+    assert meta["runs"][-1]["mix_changes"] == {"lengths": [[16384, 1.0]], "short_steps": 0}
+    assert (meta["train_config"]["mix"]["lengths"], meta["train_config"]["mix"]["short_steps"]) == ([[16384, 1.0]], 0)
+    with pytest.raises(SystemExit, match="--lengths"):
+        run.main(common + ["--lengths", "32=1", "--out", str(tmp_path / "c")])
+
+
 def test_the_cpus_mixers_recompute_in_the_backward_to_the_same_gradients(monkeypatch, one_torch_thread):
     from optimized_model.k3.model import K3Model
 

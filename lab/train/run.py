@@ -6,8 +6,8 @@ inside ``--budget`` seconds; the state shards (checkpoint.py) and ``train-log.js
 from the files a previous run returned; ``--init-from`` fine-tunes weights whose state is gone
 (the committed checkpoint). The first run sets the schedule (``--total-train-s``:
 the training seconds every run together will have) and the data mix; a resumed run keeps them,
-except what ``--aime-style``, ``--copy-ordinal``, ``--loss-shares`` and ``--total-train-s`` change
-from its step on.
+except what ``--aime-style``, ``--copy-ordinal``, ``--loss-shares``, ``--mrcr-needles``,
+``--lengths``, ``--short-steps`` and ``--total-train-s`` change from its step on.
 On the GPU, Triton's autotuning results travel too (``autotune.tar.gz``, autotune_cache.py).
 lab/train/h200.sh runs this on the H200.
 """
@@ -45,7 +45,7 @@ def _moe_backend_probe(device: str) -> str:
         return "loop"
 
 
-def _fit_tokens_per_step(mix, device: str, moe: str):
+def _fit_tokens_per_step(mix, config: str, device: str, moe: str):
     """A fresh run's tokens per step, halved until a step at the longest rows fits the GPU."""
     import torch
 
@@ -57,7 +57,7 @@ def _fit_tokens_per_step(mix, device: str, moe: str):
         return mix
     longest = max(T for T, _ in mix.lengths)
     while mix.tokens_per_step > longest:
-        m = TrainableK3.create(get_config("trained"), device=device, moe_backend=moe)
+        m = TrainableK3.create(get_config(config), device=device, moe_backend=moe)
         b = make_batch(dataclasses.replace(mix, lengths=((longest, 1.0),), short_steps=0, copy_steps=0), 0)
         try:
             loss, _ = m.loss(b.tokens, b.lengths, b.weights)
@@ -112,6 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mrcr-needles", default=None,
                     help="NEEDLES=WEIGHT,... the needle counts of MRCR rows and their probabilities (Mix.mrcr_needles; "
                          "default: the spec's counts alike); on --resume from the state's step on")
+    ap.add_argument("--lengths", default=None,
+                    help="TOKENS=SHARE,... the row lengths after the curriculum and their shares of the tokens "
+                         "(Mix.lengths); on --resume from the state's step on")
+    ap.add_argument("--short-steps", type=int, default=None,
+                    help="the curriculum's steps of short rows (Mix.short_steps, default 1500); on --resume "
+                         "from the state's step on")
     ap.add_argument("--loss-shares", default=None,
                     help="KIND=SHARE,... of the graded loss (Mix.loss_shares); on --resume from the state's step on")
     ap.add_argument("--moe-backend", choices=("grouped", "loop", "auto"), default="auto")
@@ -128,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from lab.train.loop import TrainConfig, train
-    from lab.train.mix import Mix, parse_kinds, parse_needles
+    from lab.train.mix import Mix, parse_kinds, parse_lengths, parse_needles
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
@@ -136,13 +142,15 @@ def main(argv: list[str] | None = None) -> int:
     changes = {k: v for k, v in (("aime_style", args.aime_style), ("copy_ordinal", args.copy_ordinal),
                                  ("mrcr_choice_weight", args.mrcr_choice_weight),
                                  ("mrcr_needles", None if args.mrcr_needles is None else parse_needles(args.mrcr_needles)),
+                                 ("lengths", None if args.lengths is None else parse_lengths(args.lengths)),
+                                 ("short_steps", args.short_steps),
                                  ("loss_shares", None if args.loss_shares is None
                                                  else parse_kinds(args.loss_shares, "--loss-shares")))
                if v is not None}
     if not args.resume:  # a fresh run's mix is its own; a resumed one keeps the state's but these
         mix, changes = dataclasses.replace(mix, **changes), {}
-    if args.init_from:  # trained weights skip the curriculum that forms copying and retrieval
-        mix = dataclasses.replace(mix, short_steps=0, copy_steps=0)
+    if args.init_from:  # trained weights skip the curriculum that forms copying and retrieval (unless asked)
+        mix = dataclasses.replace(mix, short_steps=args.short_steps or 0, copy_steps=0)
     tc = TrainConfig(config=args.config, total_train_s=args.total_train_s or TrainConfig.total_train_s,
                      save_every_s=args.save_every, mix=mix)
     if args.lr is not None:
@@ -157,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"set-up: moe backend {moe} ({time.monotonic() - t:.0f} s)", flush=True)
     if not args.resume:
         t = time.monotonic()
-        tc.mix = _fit_tokens_per_step(tc.mix, device, moe)
+        tc.mix = _fit_tokens_per_step(tc.mix, tc.config, device, moe)
         print(f"set-up: memory probe {time.monotonic() - t:.0f} s", flush=True)
     workers = args.workers if args.workers is not None else max(1, (os.cpu_count() or 4) - 2)
     deadline = START + args.budget
