@@ -125,7 +125,8 @@ def probe(model, tok, n: int, aime_style: str, mrcr_tokens=(400, 2000), aime_ste
     out: dict = {}
     for size in mrcr_tokens:
         scores, same, top = [], [], []
-        rows = [eval_tasks.mrcr_row(PROBE_SEED_BASE + 1000 * size + i, size, tok) for i in range(n)]
+        seeds = [PROBE_SEED_BASE + 1000 * size + i for i in range(n)]
+        rows = [eval_tasks.mrcr_row(seed, size, tok) for seed in seeds]
         texts = _generate(model, [eval_tasks.render_mrcr(tok, row) for row in rows], 8)
         for row, text in zip(rows, texts):
             scores.append(mrcr.grade(text, row["answer"], row["random_string_to_prepend"]))
@@ -136,6 +137,8 @@ def probe(model, tok, n: int, aime_style: str, mrcr_tokens=(400, 2000), aime_ste
         out[f"mrcr_{size}"] = {"score": round(sum(scores) / n, 3), "words_in_place": round(sum(same) / n, 3),
                                "most_common_word_share": round(sum(top) / n, 3)}
         say(f"mrcr ~{size} tokens: {json.dumps(out[f'mrcr_{size}'])}")
+        # each document's seed and score: two weights files' probes compare paired (probe_compare.py)
+        out[f"mrcr_{size}"]["documents"] = [{"seed": seed, "score": round(g, 3)} for seed, g in zip(seeds, scores)]
     exact, causes, reached, in_place = 0, collections.Counter(), [], []
     rows = [aime.generate(PROBE_SEED_BASE + i, 1, aime_steps)[0] for i in range(n)]
     texts = _generate(model, [eval_tasks.render_aime(tok, row, aime_style) for row in rows], 32)

@@ -1,0 +1,81 @@
+"""Two weights files' probes, paired document by document:
+``python3 -m lab.train.probe_compare A.json B.json [--target 0.8]``.
+
+Each file is a ``lab.train.probe --out`` summary. Per MRCR size (the probe's documents, paired by
+seed) and per bucket of the tier's documents (``eval_documents``, paired by place, the needles
+and the asked one checked), it prints each side's mean score (✓ where its CI's low end reaches the
+target) and the mean of B - A, each with a 95 % percentile bootstrap CI over documents
+(fastpath.stats, scipy's bootstrap): a checkpoint is adopted where the CIs say so, not on a mean
+of a few documents alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from fastpath.stats import paired_bootstrap_ci
+
+
+def _paired_scores(a: dict, b: dict, key: str) -> tuple[list[float], list[float]]:
+    """The two sides' per-document scores of one size or bucket, in the same documents' order."""
+    da, db = a[key].get("documents"), b[key].get("documents")
+    if not da or not db:
+        raise SystemExit(f"{key}: a summary lacks per-document scores (a probe from before they were "
+                         "kept): probe both weights files again with this tree")
+    ids = lambda docs: [d.get("seed", (d.get("needles"), d.get("asked"))) for d in docs]  # noqa: E731
+    if ids(da) != ids(db):
+        raise SystemExit(f"{key}: the two summaries scored different documents (another --n or tier): "
+                         "probe both with the same options")
+    return [d["score"] for d in da], [d["score"] for d in db]
+
+
+def compare(a: dict, b: dict, target: float) -> list[dict]:
+    """One row per MRCR size or bucket both summaries hold."""
+    rows = []
+    for where, sa, sb in (("probe", a, b), ("tier", a.get("eval_documents", {}), b.get("eval_documents", {}))):
+        for key in sorted((k for k in sa if k.startswith("mrcr_") and k in sb), key=lambda k: int(k[5:])):
+            xa, xb = _paired_scores(sa, sb, key)
+            row = {"where": where, "tokens": int(key[5:]), "docs": len(xa)}
+            for side, x in (("a", xa), ("b", xb)):  # one sample's mean: paired with zeros
+                row[side] = paired_bootstrap_ci(x, [0.0] * len(x))
+                row[f"{side}_meets_target"] = row[side][1] >= target
+            row["b_minus_a"] = paired_bootstrap_ci(xb, xa)
+            rows.append(row)
+    return rows
+
+
+def _fmt(est_lo_hi: tuple[float, float, float]) -> str:
+    est, lo, hi = est_lo_hi
+    return f"{est:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("a", help="the probe summary of the weights to compare against (e.g. the committed)")
+    ap.add_argument("b", help="the probe summary of the candidate")
+    ap.add_argument("--target", type=float, default=0.8, help="the MRCR score every bucket must reach")
+    args = ap.parse_args(argv)
+    summaries = []
+    for path in (args.a, args.b):
+        try:
+            with open(path) as f:
+                summaries.append(json.load(f))
+        except (OSError, json.JSONDecodeError) as e:
+            raise SystemExit(f"{path}: not a readable probe summary ({e}): pass a file lab.train.probe --out wrote")
+    rows = compare(*summaries, args.target)
+    if not rows:
+        raise SystemExit("the two summaries share no MRCR size or bucket: probe both with the same --mrcr-tokens")
+    print(f"A = {summaries[0].get('weights')} ({str(summaries[0].get('sha256'))[:8]}…), "
+          f"B = {summaries[1].get('weights')} ({str(summaries[1].get('sha256'))[:8]}…); "
+          f"mean MRCR score [95 % CI]; ✓: the CI's low end reaches {args.target}")
+    print("| documents | tokens | n | A | B | B - A |\n|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['where']} | {r['tokens']} | {r['docs']} | {_fmt(r['a'])}{' ✓' * r['a_meets_target']} | "
+              f"{_fmt(r['b'])}{' ✓' * r['b_meets_target']} | {_fmt(r['b_minus_a'])} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
