@@ -64,3 +64,49 @@ def test_the_command_prints_a_table_and_names_an_unreadable_file(tmp_path, capsy
     with pytest.raises(SystemExit, match="share no MRCR size"):
         pb.write_text(json.dumps(_summary({2000: [1.0]})))
         probe_compare.main([str(pa), str(pb)])
+
+
+def test_the_probe_generates_at_most_generate_batch_documents_at_once(monkeypatch):
+    """48 documents of ~16k tokens in one batch ran the CPU out of memory: the probe generates in
+    batches of GENERATE_BATCH, the texts in the prompts' order."""
+    from types import SimpleNamespace
+
+    batches = []
+
+    class Echo:
+        def generate(self, requests):
+            batches.append(len(requests))
+            return [SimpleNamespace(text=str(r.prompt_ids[0])) for r in requests]
+
+    monkeypatch.setattr(probe, "GENERATE_BATCH", 2)
+    texts = probe._generate(Echo(), [([i], [0]) for i in range(5)], 8)
+    assert batches == [2, 2, 1] and texts == ["0", "1", "2", "3", "4"]
+
+
+def test_a_probe_cut_short_keeps_the_sizes_it_finished(tmp_path, monkeypatch, capsys):
+    """Killed (here: out of memory) at its second MRCR size, the probe's --out file still holds the
+    first size's scores, marked incomplete; probe_compare compares what both files hold and says so."""
+    from types import SimpleNamespace
+
+    tok = K3Tokenizer()
+
+    def answer_then_fail(model, rendered, extra):
+        if len(rendered[0][0]) > 1000:
+            raise MemoryError("the second size")
+        return [tok.decode(t) for _, t in rendered]
+
+    monkeypatch.setattr(probe, "_generate", answer_then_fail)
+    monkeypatch.setattr(probe, "load_standard", lambda w, d: (SimpleNamespace(tokenizer=tok), {}, "ab" * 32))
+    out = tmp_path / "p.json"
+    with pytest.raises(MemoryError):
+        probe.main(["w.safetensors", "--n", "2", "--mrcr-tokens", "400,2000", "--out", str(out)])
+    kept = json.loads(out.read_text())
+    assert kept["complete"] is False and kept["mrcr_400"]["score"] == 1.0 and "mrcr_2000" not in kept
+    full = tmp_path / "full.json"
+    seeds = [d["seed"] for d in kept["mrcr_400"]["documents"]]
+    full.write_text(json.dumps({"mrcr_400": {"documents": [{"seed": s, "score": 0.5} for s in seeds]},
+                                "mrcr_2000": {"documents": [{"seed": 1, "score": 1.0}]}}))
+    assert probe_compare.main([str(full), str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"note: {out} holds a probe that stopped early" in printed and "| probe | 400 | 2 |" in printed
+    assert "| probe | 2000 |" not in printed

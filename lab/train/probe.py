@@ -13,7 +13,8 @@ Greedy generations of the standard path on documents no training step or eval dr
   its place among texts of one heading (MRCR's "the 3rd poem about owls").
 
 Runs on CPU (the trained config: ``--n 4`` in ~20 s on 2 cores) and on the GPU after a training run, so a
-run's return says what it learnt, not only its loss.
+run's return says what it learnt, not only its loss. ``--out`` is rewritten after each part
+(``"complete": false`` until the last), so a probe killed on the way keeps what it scored.
 
 ``--eval-documents TIER`` scores the evals suite's own held-out documents of a tier instead (MRCR
 per bucket, AIME), rendered and graded as above: a preview of what the tier's evals will see,
@@ -93,12 +94,18 @@ def copied_words(got: str, want: str) -> tuple[float, float]:
     return same, top
 
 
+# documents generated in one batch: 48 MRCR documents of ~16k tokens at once held 18.8 GB on the CPU
+# (killed on a 23-GB machine); 16 fit in ~6
+GENERATE_BATCH = 16
+
+
 def _generate(model, rendered: list[tuple[list[int], list[int]]], extra: int) -> list[str]:
-    """Greedy texts of the prompts, in one batch, each up to its answer's length + ``extra``."""
+    """Greedy texts of the prompts, GENERATE_BATCH at a time, each up to its answer's length + ``extra``."""
     from fastpath.engine import GenerationRequest
 
     requests = [GenerationRequest(prompt_ids=p, max_tokens=len(t) + extra) for p, t in rendered]
-    return [r.text for r in model.generate(requests)]
+    return [r.text for i in range(0, len(requests), GENERATE_BATCH)
+            for r in model.generate(requests[i:i + GENERATE_BATCH])]
 
 
 # Operations per probed AIME problem, per solution style: the size whose worked solution is ~1,050
@@ -120,7 +127,8 @@ def _copied_exactly(model, tok, pairs: list[tuple[str, str]]) -> float:
 
 
 def probe(model, tok, n: int, aime_style: str, mrcr_tokens=(400, 2000), aime_steps: int | None = None,
-          say=print) -> dict:
+          say=print, keep=lambda out: None) -> dict:
+    """The summary; ``keep(summary so far)`` after each part, so a run cut short keeps what it scored."""
     aime_steps = aime_steps or AIME_PROBE_STEPS[aime_style]
     out: dict = {}
     for size in mrcr_tokens:
@@ -139,6 +147,7 @@ def probe(model, tok, n: int, aime_style: str, mrcr_tokens=(400, 2000), aime_ste
         say(f"mrcr ~{size} tokens: {json.dumps(out[f'mrcr_{size}'])}")
         # each document's seed and score: two weights files' probes compare paired (probe_compare.py)
         out[f"mrcr_{size}"]["documents"] = [{"seed": seed, "score": round(g, 3)} for seed, g in zip(seeds, scores)]
+        keep(out)
     exact, causes, reached, in_place = 0, collections.Counter(), [], []
     rows = [aime.generate(PROBE_SEED_BASE + i, 1, aime_steps)[0] for i in range(n)]
     texts = _generate(model, [eval_tasks.render_aime(tok, row, aime_style) for row in rows], 32)
@@ -154,6 +163,7 @@ def probe(model, tok, n: int, aime_style: str, mrcr_tokens=(400, 2000), aime_ste
     if aime_style != "lines":
         out["aime"]["operations_in_place"] = round(sum(in_place) / n, 3)
     say(f"aime {aime_steps} steps: {json.dumps(out['aime'])}")
+    keep(out)
     out["copy"] = {"exact": _copied_exactly(model, tok, [copy_tasks.copy_pair(PROBE_SEED_BASE + i) for i in range(n)]),
                    # by its place among texts of one heading: MRCR's failure
                    "ordinal_exact": _copied_exactly(model, tok, [copy_tasks.ordinal_pair(PROBE_SEED_BASE + i)
@@ -244,18 +254,23 @@ def main(argv: list[str] | None = None) -> int:
     style = meta.get("aime_style", aime.SOLUTION_STYLE)
     t0 = time.monotonic()
     say = lambda s: print(s, flush=True)  # noqa: E731
+
+    def keep(summary: dict, done: bool = False) -> None:
+        if args.out:  # written again after each part: a run killed later (memory, time) keeps these
+            with open(args.out, "w") as f:
+                json.dump({**summary, "weights": args.weights, "sha256": digest, "complete": done,
+                           "seconds": round(time.monotonic() - t0, 1)}, f, indent=1)
+
     if args.eval_documents:
         summary = probe_eval_documents(model, model.tokenizer, args.eval_documents, style, args.max_tokens, say)
     else:
         summary = probe(model, model.tokenizer, args.n, style, aime_steps=args.aime_steps,
-                        mrcr_tokens=tuple(int(x) for x in args.mrcr_tokens.split(",")), say=say)
+                        mrcr_tokens=tuple(int(x) for x in args.mrcr_tokens.split(",")), say=say, keep=keep)
         if args.with_eval_documents:
+            keep(summary)
             summary["eval_documents"] = probe_eval_documents(model, model.tokenizer, args.with_eval_documents,
                                                              style, args.max_tokens, say)
-    summary.update(weights=args.weights, sha256=digest, seconds=round(time.monotonic() - t0, 1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(summary, f, indent=1)
+    keep(summary, done=True)
     return 0
 
 

@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
                 summaries.append(json.load(f))
         except (OSError, json.JSONDecodeError) as e:
             raise SystemExit(f"{path}: not a readable probe summary ({e}): pass a file lab.train.probe --out wrote")
+    for path, summary in zip((args.a, args.b), summaries):
+        if summary.get("complete") is False:  # a probe cut short keeps the parts it finished
+            print(f"note: {path} holds a probe that stopped early: only the sizes it finished compare")
     rows = compare(*summaries, args.target)
     if not rows:
         raise SystemExit("the two summaries share no MRCR size or bucket: probe both with the same --mrcr-tokens")
