@@ -108,5 +108,5 @@ def test_a_probe_cut_short_keeps_the_sizes_it_finished(tmp_path, monkeypatch, ca
                                 "mrcr_2000": {"documents": [{"seed": 1, "score": 1.0}]}}))
     assert probe_compare.main([str(full), str(out)]) == 0
     printed = capsys.readouterr().out
-    assert f"note: {out} holds a probe that stopped early" in printed and "| probe | 400 | 2 |" in printed
+    assert f"note: {out} holds an unfinished probe" in printed and "| probe | 400 | 2 |" in printed
     assert "| probe | 2000 |" not in printed

@@ -27,6 +27,7 @@ import argparse
 import collections
 import hashlib
 import json
+import os
 import re
 import time
 
@@ -95,7 +96,7 @@ def copied_words(got: str, want: str) -> tuple[float, float]:
 
 
 # documents generated in one batch: 48 MRCR documents of ~16k tokens at once held 18.8 GB on the CPU
-# (killed on a 23-GB machine); 16 fit in ~6
+# (killed on a 23-GB machine); 16 at a time fit
 GENERATE_BATCH = 16
 
 
@@ -256,10 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     say = lambda s: print(s, flush=True)  # noqa: E731
 
     def keep(summary: dict, done: bool = False) -> None:
-        if args.out:  # written again after each part: a run killed later (memory, time) keeps these
-            with open(args.out, "w") as f:
+        if args.out:  # written again after each part (whole or not at all): a run killed later keeps these
+            with open(args.out + ".part", "w") as f:
                 json.dump({**summary, "weights": args.weights, "sha256": digest, "complete": done,
                            "seconds": round(time.monotonic() - t0, 1)}, f, indent=1)
+            os.replace(args.out + ".part", args.out)
 
     if args.eval_documents:
         summary = probe_eval_documents(model, model.tokenizer, args.eval_documents, style, args.max_tokens, say)

@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{path}: not a readable probe summary ({e}): pass a file lab.train.probe --out wrote")
     for path, summary in zip((args.a, args.b), summaries):
         if summary.get("complete") is False:  # a probe cut short keeps the parts it finished
-            print(f"note: {path} holds a probe that stopped early: only the sizes it finished compare")
+            print(f"note: {path} holds an unfinished probe (cut short or still running): "
+                  "only the sizes it finished compare")
     rows = compare(*summaries, args.target)
     if not rows:
         raise SystemExit("the two summaries share no MRCR size or bucket: probe both with the same --mrcr-tokens")
