@@ -170,6 +170,7 @@ def probe(model, tok, n: int, aime_style: str, mrcr_tokens=(400, 2000), aime_ste
                    "ordinal_exact": _copied_exactly(model, tok, [copy_tasks.ordinal_pair(PROBE_SEED_BASE + i)
                                                                  for i in range(n)])}
     say(f"copy: {json.dumps(out['copy'])}")
+    keep(out)
     return out
 
 
@@ -269,7 +270,6 @@ def main(argv: list[str] | None = None) -> int:
         summary = probe(model, model.tokenizer, args.n, style, aime_steps=args.aime_steps,
                         mrcr_tokens=tuple(int(x) for x in args.mrcr_tokens.split(",")), say=say, keep=keep)
         if args.with_eval_documents:
-            keep(summary)
             summary["eval_documents"] = probe_eval_documents(model, model.tokenizer, args.with_eval_documents,
                                                              style, args.max_tokens, say)
     keep(summary, done=True)
