@@ -145,7 +145,7 @@ def test_a_run_fine_tunes_the_committed_weights_without_the_curriculum(tmp_path,
     _, meta = checkpoint.load_state(tmp_path / "ft")
     mix = meta["train_config"]["mix"]
     assert (meta["step"], mix["short_steps"], mix["copy_steps"], mix["copy_ordinal"]) == (0, 0, 0, 0.5)
-    assert meta["runs"][-1]["init_from"] == {"path": weights, "step": 5287}
+    assert meta["runs"][-1]["init_from"] == {"path": weights, "step": 5261}
     assert meta["train_config"]["lr"] == 2e-4
 
 
@@ -342,6 +342,21 @@ def test_export_writes_the_file_the_engine_loads(tmp_path, capsys, one_torch_thr
         assert digest in capsys.readouterr().out
     meta = checkpoint.export_meta(tmp_path / "tiny.safetensors")
     assert (meta["config"], meta["step"], meta["aime_style"]) == ("tiny", 1, Mix().aime_style)
+
+
+def test_export_as_another_config_checks_its_shapes(tmp_path, monkeypatch, one_torch_thread):
+    """Adopting a lab config's weights as the product config of the same shapes records that
+    config in the file; a config of other shapes is refused, naming both."""
+    from lab.train import export
+    from optimized_model.k3 import config as k3_config
+
+    monkeypatch.setitem(k3_config.CONFIGS, "tiny_alias", dataclasses.replace(get_config("tiny"), name="tiny_alias"))
+    _train(tmp_path / "state", 1)
+    assert export.main([str(tmp_path / "state"), str(tmp_path / "w.safetensors"), "--as-config", "tiny_alias"]) == 0
+    assert checkpoint.export_meta(tmp_path / "w.safetensors")["config"] == "tiny_alias"
+    with pytest.raises(SystemExit, match="config tiny.* do not have config trained's names and shapes"):
+        export.main([str(tmp_path / "state"), str(tmp_path / "x.safetensors"), "--as-config", "trained"])
+    assert not (tmp_path / "x.safetensors").exists()
 
 
 def test_the_curriculum_starts_mrcr_on_short_rows_then_moves_to_the_long_table():

@@ -3,6 +3,7 @@ the product, checked before any GPU time is spent on training it."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any fast kernel module is imported
@@ -17,9 +18,10 @@ from optimized_model.k3.fast import dispatch
 from optimized_model.k3.model import K3Model
 
 
-def test_the_every2_config_puts_attention_at_every_second_layer():
-    assert get_config("trained_mla_every2").layer_kinds == ["kda", "mla"] * 4
-    assert get_config("trained").layer_kinds.count("mla") == 2
+def test_the_trained_config_puts_attention_at_every_second_layer_as_its_lab_name_did():
+    assert get_config("trained").layer_kinds == ["kda", "mla"] * 4
+    assert get_config("trained_mla_every2") == dataclasses.replace(get_config("trained"), name="trained_mla_every2")
+    assert get_config("trained_mla_every4").layer_kinds == ["kda", "kda", "kda", "mla"] * 2
 
 
 @pytest.mark.parametrize("name", [c.name for c in LAB_CONFIGS])

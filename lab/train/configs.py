@@ -9,15 +9,17 @@ import dataclasses
 
 from optimized_model.k3.config import CONFIGS, TRAINED
 
-# the trained config with twice the MLA heads: lab/train/widen.py makes its first weights
+# the trained config as it was until session 40 (MLA at layers 3 and 7 only), kept for comparing with
+# it: earlier states record that shape as `trained` (`lab.train.export --as-config trained_mla_every4`)
+TRAINED_MLA_EVERY4 = dataclasses.replace(TRAINED, name="trained_mla_every4", mla_every=4)
+# the trained config with twice the MLA heads: lab/train/widen.py makes its first weights (session 37
+# trained it with the MLA layers of trained_mla_every4)
 TRAINED_MLA8 = dataclasses.replace(TRAINED, name="trained_mla8", mla_heads=2 * TRAINED.mla_heads)
-# the trained config with an MLA layer at every 2nd layer (1, 3, 5, 7), not every 4th: trained
-# checkpoints choose MRCR's k-th message with layer 3 alone, the last MLA layer's gates shut
-# (docs/k3-mini.md, "The 8-head config from the start"); an earlier second attention layer may
-# mark the k-th heading for a later one to copy after
-TRAINED_MLA_EVERY2 = dataclasses.replace(TRAINED, name="trained_mla_every2", mla_every=2)
+# the name sessions 38-40 trained the product's `trained` config under (MLA at every 2nd layer),
+# before its checkpoint was adopted: their states and exports name it
+TRAINED_MLA_EVERY2 = dataclasses.replace(TRAINED, name="trained_mla_every2")
 
-LAB_CONFIGS = (TRAINED_MLA8, TRAINED_MLA_EVERY2)
+LAB_CONFIGS = (TRAINED_MLA_EVERY4, TRAINED_MLA8, TRAINED_MLA_EVERY2)
 
 
 def register() -> None:

@@ -72,7 +72,7 @@ class K3Config:
         return self.kda_head_dim
 
     def layer_kind(self, i: int) -> str:
-        """"mla" at every 4th layer and the last, "kda" elsewhere."""
+        """"mla" at every ``mla_every``-th layer and the last, "kda" elsewhere."""
         return "mla" if (i + 1) % self.mla_every == 0 or i == self.n_layers - 1 else "kda"
 
     @property
@@ -111,10 +111,14 @@ MINI = K3Config(
     n_experts=64, top_k=8, moe_latent=2048, expert_inter=1024, shared_inter=4096, dense_inter=11008,
 )
 
+# MLA at every 2nd layer (1, 3, 5, 7), not mini's every 4th: with two attention layers the trained
+# weights chose MRCR's k-th message with one layer; with four they score higher from ~1k to ~8k
+# (docs/k3-mini.md, "The trained config")
 TRAINED = K3Config(
     name="trained", hidden=256, n_layers=8, kda_heads=4, kda_head_dim=64,
     mla_heads=4, q_lora=128, kv_lora=64, qk_nope=64, v_head=64,
     n_experts=8, top_k=2, moe_latent=64, expert_inter=64, shared_inter=128, dense_inter=512,
+    mla_every=2,
 )
 
 CONFIGS = {"tiny": TINY, "mini": MINI, "trained": TRAINED}
