@@ -28,6 +28,10 @@ def test_the_probe_keeps_each_mrcr_documents_seed_and_score(monkeypatch):
     docs = out["mrcr_400"]["documents"]
     assert [d["seed"] for d in docs] == [probe.PROBE_SEED_BASE + 400_000 + i for i in range(2)]
     assert [d["score"] for d in docs] == [1.0, 1.0] and out["mrcr_400"]["score"] == 1.0
+    from lab.train import eval_tasks
+
+    assert [d["needles"] for d in docs] == [len(eval_tasks.mrcr_needles(eval_tasks.mrcr_row(d["seed"], 400, tok))[0])
+                                            for d in docs]
 
 
 def test_two_probes_compare_paired_by_document_with_bootstrap_cis():
@@ -110,3 +114,20 @@ def test_a_probe_cut_short_keeps_the_sizes_it_finished(tmp_path, monkeypatch, ca
     printed = capsys.readouterr().out
     assert f"note: {out} holds an unfinished probe" in printed and "| probe | 400 | 2 |" in printed
     assert "| probe | 2000 |" not in printed
+
+
+def test_by_needles_splits_each_size_by_the_documents_needle_count():
+    """Kept counts split the rows; a probe from before they were kept gets them from its seeds."""
+    from lab.train import eval_tasks
+
+    tok = K3Tokenizer()
+    a = _summary({4000: [0.5, 0.5, 1.0, 1.0]}, {8192: [(8, 3, 0.4), (2, 1, 1.0), (8, 1, 0.0)]})
+    b = _summary({4000: [1.0, 1.0, 1.0, 1.0]}, {8192: [(8, 3, 1.0), (2, 1, 1.0), (8, 1, 0.5)]})
+    rows = probe_compare.compare(a, b, 0.8, by_needles=True)
+    tier = {r["needles"]: r for r in rows if r["where"] == "tier"}
+    assert sorted(tier) == [2, 8] and tier[8]["docs"] == 2 and tier[8]["b_minus_a"][0] == pytest.approx(0.55)
+    want = [len(eval_tasks.mrcr_needles(eval_tasks.mrcr_row(4000_000 + i, 4000, tok))[0]) for i in range(4)]
+    probe_rows = [r for r in rows if r["where"] == "probe"]
+    assert {r["needles"]: r["docs"] for r in probe_rows} == {n: want.count(n) for n in set(want)}
+    assert [d["needles"] for d in a["mrcr_4000"]["documents"]] == want  # filled in from the seeds
+    assert all(r["needles"] is None for r in probe_compare.compare(a, b, 0.8))  # one row a size without it

@@ -146,8 +146,10 @@ def probe(model, tok, n: int, aime_style: str, mrcr_tokens=(400, 2000), aime_ste
         out[f"mrcr_{size}"] = {"score": round(sum(scores) / n, 3), "words_in_place": round(sum(same) / n, 3),
                                "most_common_word_share": round(sum(top) / n, 3)}
         say(f"mrcr ~{size} tokens: {json.dumps(out[f'mrcr_{size}'])}")
-        # each document's seed and score: two weights files' probes compare paired (probe_compare.py)
-        out[f"mrcr_{size}"]["documents"] = [{"seed": seed, "score": round(g, 3)} for seed, g in zip(seeds, scores)]
+        # each document's seed, needle count and score: two weights files' probes compare paired, in
+        # all or by needle count (probe_compare.py)
+        out[f"mrcr_{size}"]["documents"] = [{"seed": seed, "needles": len(eval_tasks.mrcr_needles(row)[0]),
+                                             "score": round(g, 3)} for seed, row, g in zip(seeds, rows, scores)]
         keep(out)
     exact, causes, reached, in_place = 0, collections.Counter(), [], []
     rows = [aime.generate(PROBE_SEED_BASE + i, 1, aime_steps)[0] for i in range(n)]
