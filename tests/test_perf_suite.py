@@ -207,6 +207,35 @@ def test_a_case_past_the_time_budget_stops_the_suite_for_a_resume_not_measuring(
     assert "fastpath verify --resume" in str(stop.value)
 
 
+def test_a_case_that_would_end_past_the_budget_is_not_started():
+    """The longest case so far (here 30 s) is what the next may take: with 20 s of the budget left
+    the suite stops before it; with 40 s left it starts it."""
+    import time
+
+    from fastpath.spec import load_spec
+
+    perf = _perf_module()
+    spec = load_spec(REAL_SPEC)
+    budget = spec.perf["budget_s"]
+
+    class Models:
+        def __getitem__(self, path):
+            raise AssertionError("the case started")
+
+    case = {"case_id": "perf/speedup/b8-c8192-d0", "config": {"batch": 8, "context": 8192, "draft": 0}}
+    for left, starts in ((20, False), (40, True)):
+        now = time.monotonic()
+        perf._SESSION.update(t0=now - (budget - left), case_t0=now - 30)  # the last case began 30 s ago
+        try:
+            with pytest.raises(AssertionError if starts else pytest.exit.Exception) as raised:
+                perf.test_speedup(case, Models(), _Engine("cuda", "sm_90"), spec, _Tier("full"), lambda *a, **k: None)
+        finally:
+            perf._SESSION.clear()
+        assert ("the case started" in str(raised.value)) == starts
+        if not starts:
+            assert "the longest case so far 30 s" in str(raised.value) and "b8-c8192-d0 ended" in str(raised.value)
+
+
 def test_the_summary_of_a_resumed_suite_reads_the_kept_cases(perf_run, tmp_path):
     """The suite again with every case but the summary kept (as `verify --resume` passes them):
     only the summary runs, and its table holds the kept cases and the control."""
