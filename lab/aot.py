@@ -1,10 +1,11 @@
 """CPU pre-flight of the fast step: every distinct Triton launch compiled ahead of time for sm_90.
 
-    python3 -m lab.aot [--config mini] [--batches 1,2,4,8,16,32,64]
+    python3 -m lab.aot [--config mini] [--batches 1,2,4,8,16,32,64] [--verify 1x3,...,8x7]
 
-Runs the fast decoder of the real config on "meta" tensors with every Triton launch intercepted,
-then compiles each distinct launch for sm_90 (Triton + ptxas) and reports compile errors and
-shared-memory use over the H200's 227 KB. Catches what the interpreter cannot; no GPU needed.
+Runs the fast decoder of the real config on "meta" tensors with every Triton launch intercepted
+(decode steps at ``--batches``; verify steps and their commit at ``--verify`` BATCHxDRAFT, by
+default the spec's draft scope), then compiles each distinct launch for sm_90 (Triton + ptxas)
+and reports compile errors and shared-memory use over the H200's 227 KB. Catches what the interpreter cannot; no GPU needed.
 ``record_launches`` and ``compile_launch`` also serve lab/ptx_diff.py.
 """
 
@@ -34,10 +35,12 @@ def _meta_model(config: str):
     return K3Model(cfg, init_weights(cfg, device="meta", dtype=torch.bfloat16))
 
 
-def record_launches(config: str, batches: list[int], context: int = 1024) -> list[tuple]:
-    """Every distinct Triton launch of the fast step of ``config`` at ``batches``, recorded on
-    the CPU (meta tensors; tuning table of the H200; nothing runs): a list of (JIT function,
-    signature, constexprs, launch options, 16-divisible argument indices), sorted by name."""
+def record_launches(config: str, batches: list[int], context: int = 1024,
+                    verify: list[tuple[int, int]] = ()) -> list[tuple]:
+    """Every distinct Triton launch of the fast step of ``config`` at ``batches`` (and of the
+    verify step and its commit at each (batch, draft) of ``verify``), recorded on the CPU (meta
+    tensors; tuning table of the H200; nothing runs): a list of (JIT function, signature,
+    constexprs, launch options, 16-divisible argument indices), sorted by name."""
     from triton.runtime.jit import JITFunction
 
     from optimized_model.k3.fast import tuning
@@ -87,10 +90,27 @@ def record_launches(config: str, batches: list[int], context: int = 1024) -> lis
         for B in batches:
             st = new_state(model.cfg, B, context + 64, device="meta", dtype=torch.bfloat16)
             fd.step_for(B)(st)
+        for B, draft in verify:
+            T = draft + 1
+            st = new_state(model.cfg, B, context + 64, device="meta", dtype=torch.bfloat16)
+            step = fd.step_for(B, T, verify=True)
+            step(st)
+            step.trail.commit(st, torch.full((B,), T, dtype=torch.int64, device="meta"))
     finally:
         JITFunction.run = real_run
         tuning.device_name = orig_dev
     return [calls[k] for k in sorted(calls, key=lambda k: k[0])]
+
+
+def verify_shapes(text: str) -> list[tuple[int, int]]:
+    """``--verify 1x3,16x3,8x7`` -> [(1, 3), (16, 3), (8, 7)]: (batch, draft) of verify steps."""
+    out = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        b, sep, d = item.partition("x")
+        if not sep or not b.isdigit() or not d.isdigit() or int(d) < 1:
+            raise SystemExit(f"--verify {item!r}: expected BATCHxDRAFT with DRAFT >= 1, e.g. 1x3,8x7")
+        out.append((int(b), int(d)))
+    return out
 
 
 def compile_launch(fn, sig: dict, consts: dict, opts: dict, div: list, capability: int = 90):
@@ -107,14 +127,20 @@ def compile_launch(fn, sig: dict, consts: dict, opts: dict, div: list, capabilit
                           target=GPUTarget("cuda", capability, 32), options=options)
 
 
-def aot_check(config: str, batches: list[int], context: int = 1024) -> int:
+# the spec's verify scope: drafts 3 and 7 at batch x (draft + 1) <= 64 rows
+VERIFY_SCOPE = "1x3,2x3,4x3,8x3,16x3,1x7,2x7,4x7,8x7"
+
+
+def aot_check(config: str, batches: list[int], context: int = 1024,
+              verify: list[tuple[int, int]] = ()) -> int:
     """Run in a fresh process without TRITON_INTERPRET (kernels must be real JIT functions)."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("aot: unset TRITON_INTERPRET (the kernels must be compiled, not interpreted)")
         return 2
-    calls = record_launches(config, batches, context)
+    calls = record_launches(config, batches, context, verify)
     bad = 0
-    log(f"{len(calls)} distinct Triton launches for {config} at batches {batches}; compiling for sm_90")
+    log(f"{len(calls)} distinct Triton launches for {config} at batches {batches}, verify {list(verify)}; "
+        "compiling for sm_90")
     for fn, sig, consts, opts, div in calls:
         label = f"{fn.__name__} " + ",".join(f"{k}={v}" for k, v in consts.items() if k.isupper()) + f" {opts}"
         try:
@@ -133,8 +159,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="mini")
     ap.add_argument("--batches", default="1,2,4,8,16,32,64")
+    ap.add_argument("--verify", default=VERIFY_SCOPE, help="verify steps BATCHxDRAFT,... ('' for none)")
     a = ap.parse_args(argv)
-    return aot_check(a.config, [int(b) for b in a.batches.split(",")])
+    return aot_check(a.config, [int(b) for b in a.batches.split(",")], verify=verify_shapes(a.verify))
 
 
 if __name__ == "__main__":

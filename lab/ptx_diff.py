@@ -1,13 +1,16 @@
 """Do the fast step's kernels compile to the same code as at another commit? (CPU only.)
 
-    python3 -m lab.ptx_diff --rev 74ed216 [--batches 1,2,4,8,16,32,64] [--config mini]
-    python3 -m lab.ptx_diff --pdl [--batches 1] [--config tiny]
+    python3 -m lab.ptx_diff --rev 74ed216 [--batches 1,2,4,8,16,32,64] [--verify 1x3,...,8x7] [--config mini]
+    python3 -m lab.ptx_diff --pdl [--batches 1] [--verify ''] [--config tiny]
 
 Records every distinct Triton launch of the fast step on the CPU (``lab.aot.record_launches``:
-meta tensors, the H200 tuning table), compiles each for sm_90 with the kernel of this tree and
-with the same-named kernel of ``--rev`` (its kernel modules read with ``git show``), and compares
-the PTX code (comments, line info and debug sections aside: they name the file). A launch whose
-kernel or constexpr is new in this tree (e.g. ``PDL=True`` before PDL existed) is listed as new.
+meta tensors, the H200 tuning table; decode steps at ``--batches``, verify steps and their commit
+at ``--verify``, by default the spec's draft scope), compiles each for sm_90 with the kernel of
+this tree and with the same-named kernel of ``--rev`` (the whole kernels package as it was at
+``--rev``, read with ``git show``, so a helper a kernel takes from another kernel module is REV's
+too), and compares the PTX code (comments, line info and debug sections aside: they name the
+file). A launch whose kernel or constexpr is new in this tree (e.g. ``PDL=True`` before PDL
+existed) is listed as new.
 
 Identical PTX means a GPU figure measured at ``--rev`` still describes that launch: a refactor,
 or a code path kept for one configuration only, needs no new device time for it. Exit 1 when any
@@ -31,7 +34,10 @@ import subprocess
 import sys
 import tempfile
 
-KERNEL_MODULES = ("gemv", "kda_decode", "mla_decode", "moe", "norm")
+KERNELS_DIR = "optimized_model/k3/fast/kernels"
+# REV's kernels package, imported beside the live one (its ``from ...weights`` imports resolve
+# to optimized_model.k3 as the live package's do; ``from . import`` to REV's own modules)
+REV_PACKAGE = "optimized_model.k3.fast._kernels_at_rev"
 
 
 _DEBUG_LABEL = re.compile(r"\s*\$L__tmp\d+:\s*$")
@@ -73,23 +79,36 @@ def pdl_check(calls, compile_launch) -> int:
     return bad
 
 
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], check=True, capture_output=True, text=True).stdout
+    except subprocess.CalledProcessError as exc:
+        raise SystemExit(f"ptx_diff: git {' '.join(args)}: {exc.stderr.strip()}") from exc
+
+
 def kernels_at(rev: str, tmp: str) -> dict:
-    """{kernel name: JIT function} of the fast kernel modules at ``rev``."""
+    """{kernel name: JIT function} of every module of the fast kernels package at ``rev``."""
+    folder = os.path.join(tmp, "_kernels_at_rev")
+    os.makedirs(folder)
+    names = [n for n in _git("ls-tree", "--name-only", f"{rev}:{KERNELS_DIR}").split() if n.endswith(".py")]
+    for name in names:
+        with open(os.path.join(folder, name), "w") as fh:
+            fh.write(_git("show", f"{rev}:{KERNELS_DIR}/{name}"))
+    import optimized_model.k3.fast  # noqa: F401  (the parent package of REV_PACKAGE)
+
+    spec = importlib.util.spec_from_file_location(REV_PACKAGE, os.path.join(folder, "__init__.py"),
+                                                  submodule_search_locations=[folder])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[REV_PACKAGE] = package
+    spec.loader.exec_module(package)
+    from triton.runtime.jit import JITFunction
+
     out = {}
-    for m in KERNEL_MODULES:
-        path = f"optimized_model/k3/fast/kernels/{m}.py"
-        try:
-            text = subprocess.run(["git", "show", f"{rev}:{path}"], check=True, capture_output=True, text=True).stdout
-        except subprocess.CalledProcessError as exc:
-            raise SystemExit(f"ptx_diff: cannot read {path} at {rev!r}: {exc.stderr.strip()}") from exc
-        file = os.path.join(tmp, f"{m}_at_rev.py")
-        with open(file, "w") as fh:
-            fh.write(text)
-        # a module inside the kernels package, so that its relative imports resolve
-        spec = importlib.util.spec_from_file_location(f"optimized_model.k3.fast.kernels._at_rev_{m}", file)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        out.update({n: getattr(mod, n) for n in dir(mod) if n.endswith("_kernel")})
+    for name in sorted(names):
+        if name == "__init__.py":
+            continue
+        mod = importlib.import_module(f"{REV_PACKAGE}.{name[:-3]}")
+        out.update({n: f for n in dir(mod) if n.endswith("_kernel") and isinstance(f := getattr(mod, n), JITFunction)})
     return out
 
 
@@ -98,15 +117,18 @@ def main() -> int:
     ap.add_argument("--rev", help="git revision to compare with")
     ap.add_argument("--pdl", action="store_true", help="compare each PDL launch with its non-PDL build")
     ap.add_argument("--batches", default="1,2,4,8,16,32,64")
+    ap.add_argument("--verify", default=None, help="verify steps BATCHxDRAFT,... ('' for none; "
+                    "default: the spec's draft scope with --rev, none with --pdl)")
     ap.add_argument("--config", default="mini")
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise SystemExit("ptx_diff: unset TRITON_INTERPRET (the kernels must be compiled, not interpreted)")
     if bool(args.rev) == args.pdl:
         raise SystemExit("ptx_diff: give --rev REV or --pdl (one of them)")
-    from lab.aot import compile_launch, record_launches
+    from lab.aot import VERIFY_SCOPE, compile_launch, record_launches, verify_shapes
 
-    calls = record_launches(args.config, [int(b) for b in args.batches.split(",")])
+    verify = verify_shapes(args.verify if args.verify is not None else ("" if args.pdl else VERIFY_SCOPE))
+    calls = record_launches(args.config, [int(b) for b in args.batches.split(",")], verify=verify)
     if args.pdl:
         return 1 if pdl_check(calls, compile_launch) else 0
     counts = {"identical": 0, "differs": 0, "new": 0}

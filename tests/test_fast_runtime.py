@@ -12,6 +12,7 @@ import torch
 from fastpath import trace
 from optimized_model.k3.fast import dispatch, registry
 from optimized_model.k3.model import K3Model
+from sm90_compile import run_without_interpreter
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +184,7 @@ def test_l2_prefetch_kernel_compiles_for_sm90_to_a_bulk_prefetch():
         "c = compile_launch(k, sig, {'CHUNK': 16384, 'PER_PROGRAM': 32}, {'num_warps': 1}, [0])\n"
         "print(c.asm['ptx'].count('cp.async.bulk.prefetch.L2.global'), len(c.asm['cubin']) > 0)\n"
     )
-    assert _compile_on_cpu("-c", code).split()[-2:] == ["1", "True"]
+    assert run_without_interpreter("-c", code).split()[-2:] == ["1", "True"]
 
 
 def test_decode_step_covers_the_sampler_and_refuses_graphs_on_cpu(fp32_model):
@@ -197,30 +198,15 @@ def test_decode_step_covers_the_sampler_and_refuses_graphs_on_cpu(fp32_model):
     assert comps["sampler"] and not any(v.startswith("refused") for v in comps["sampler"])
 
 
-def _compile_on_cpu(*argv: str) -> str:
-    """Run a CPU compile check (no interpreter) in a fresh process; its stdout. Skips where the
-    triton wheel has no ptxas."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    import triton
-
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-    if not ptxas.exists():
-        pytest.skip(f"no ptxas in the triton wheel ({ptxas}): cannot compile for sm_90 here")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[1]
-    r = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, timeout=300, cwd=root)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return r.stdout
-
-
 def test_every_launch_of_the_tiny_step_compiles_for_sm90():
-    """CPU pre-flight: each Triton launch of a fast step compiles for sm_90 (Triton + ptxas) and
-    fits the H200's shared memory — errors the interpreter cannot see."""
-    out = _compile_on_cpu("-m", "lab.aot", "--config", "tiny", "--batches", "1,16")
+    """CPU pre-flight: each Triton launch of a fast step (decode, verify and the verify step's
+    commit) compiles for sm_90 (Triton + ptxas) and fits the H200's shared memory — errors the
+    interpreter cannot see."""
+    out = run_without_interpreter("-m", "lab.aot", "--config", "tiny", "--batches", "1,16", "--verify", "1x3,2x7")
     assert "0 problems" in out
+    for verify_kernel in ("kda_verify_kernel", "mla_verify_split_kernel", "fp_keep_state_kernel",
+                          "fp_drop_rejected_kernel"):  # the verify steps and their commit
+        assert verify_kernel in out
 
 
 def test_pdl_builds_compute_what_the_plain_builds_compute():
@@ -228,5 +214,5 @@ def test_pdl_builds_compute_what_the_plain_builds_compute():
     compiles (sm_90) to the same instructions, opcode by opcode, as its non-PDL build — PDL may
     move a load, never change the arithmetic (KDA decode's early state load did: perf notes,
     run L)."""
-    out = _compile_on_cpu("-m", "lab.ptx_diff", "--pdl", "--config", "tiny", "--batches", "1")
+    out = run_without_interpreter("-m", "lab.ptx_diff", "--pdl", "--config", "tiny", "--batches", "1")
     assert "0 compute differently" in out and " 0 PDL launches" not in out
