@@ -1,11 +1,13 @@
 """CPU pre-flight of the fast step: every distinct Triton launch compiled ahead of time for sm_90.
 
     python3 -m lab.aot [--config mini] [--batches 1,2,4,8,16,32,64] [--verify 1x3,...,8x7]
+        [--device 'NVIDIA H100 80GB HBM3']
 
 Runs the fast decoder of the real config on "meta" tensors with every Triton launch intercepted
 (decode steps at ``--batches``; verify steps and their commit at ``--verify`` BATCHxDRAFT, by
-default the spec's draft scope), then compiles each distinct launch for sm_90 (Triton + ptxas)
-and reports compile errors and shared-memory use over the H200's 227 KB. Catches what the interpreter cannot; no GPU needed.
+default the spec's draft scope; the H200's tuning table, or the one ``--device`` reads), then
+compiles each distinct launch for sm_90 (Triton + ptxas) and reports compile errors and
+shared-memory use over the H200's 227 KB. Catches what the interpreter cannot; no GPU needed.
 ``record_launches`` and ``compile_launch`` also serve lab/ptx_diff.py.
 """
 
@@ -21,6 +23,7 @@ from fastpath.measure import stopwatch_log
 
 log = stopwatch_log()
 
+H200 = "NVIDIA H200"  # the device whose tuning table the step reads unless told otherwise
 _TT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "i32",
        torch.int64: "i64", torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1"}
 
@@ -36,11 +39,12 @@ def _meta_model(config: str):
 
 
 def record_launches(config: str, batches: list[int], context: int = 1024,
-                    verify: list[tuple[int, int]] = ()) -> list[tuple]:
+                    verify: list[tuple[int, int]] = (), device: str = H200) -> list[tuple]:
     """Every distinct Triton launch of the fast step of ``config`` at ``batches`` (and of the
     verify step and its commit at each (batch, draft) of ``verify``), recorded on the CPU (meta
-    tensors; tuning table of the H200; nothing runs): a list of (JIT function, signature,
-    constexprs, launch options, 16-divisible argument indices), sorted by name."""
+    tensors; the tuning table ``device`` reads, e.g. an H100 the ``default`` one; nothing runs):
+    a list of (JIT function, signature, constexprs, launch options, 16-divisible argument
+    indices), sorted by name."""
     from triton.runtime.jit import JITFunction
 
     from optimized_model.k3.fast import tuning
@@ -83,7 +87,7 @@ def record_launches(config: str, batches: list[int], context: int = 1024,
 
     JITFunction.run = record
     orig_dev = tuning.device_name
-    tuning.device_name = lambda device=None: "NVIDIA H200"
+    tuning.device_name = lambda _=None: device
     try:
         model = _meta_model(config)
         fd = FastDecoder(model, None)
@@ -132,15 +136,15 @@ VERIFY_SCOPE = "1x3,2x3,4x3,8x3,16x3,1x7,2x7,4x7,8x7"
 
 
 def aot_check(config: str, batches: list[int], context: int = 1024,
-              verify: list[tuple[int, int]] = ()) -> int:
+              verify: list[tuple[int, int]] = (), device: str = H200) -> int:
     """Run in a fresh process without TRITON_INTERPRET (kernels must be real JIT functions)."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("aot: unset TRITON_INTERPRET (the kernels must be compiled, not interpreted)")
         return 2
-    calls = record_launches(config, batches, context, verify)
+    calls = record_launches(config, batches, context, verify, device)
     bad = 0
-    log(f"{len(calls)} distinct Triton launches for {config} at batches {batches}, verify {list(verify)}; "
-        "compiling for sm_90")
+    log(f"{len(calls)} distinct Triton launches for {config} at batches {batches}, verify {list(verify)} "
+        f"({device}'s table); compiling for sm_90")
     for fn, sig, consts, opts, div in calls:
         label = f"{fn.__name__} " + ",".join(f"{k}={v}" for k, v in consts.items() if k.isupper()) + f" {opts}"
         try:
@@ -160,8 +164,11 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default="mini")
     ap.add_argument("--batches", default="1,2,4,8,16,32,64")
     ap.add_argument("--verify", default=VERIFY_SCOPE, help="verify steps BATCHxDRAFT,... ('' for none)")
+    ap.add_argument("--device", default=H200, help="the GPU name whose tuning table the step reads "
+                    "(e.g. 'NVIDIA H100 80GB HBM3': the default table)")
     a = ap.parse_args(argv)
-    return aot_check(a.config, [int(b) for b in a.batches.split(",")], verify=verify_shapes(a.verify))
+    return aot_check(a.config, [int(b) for b in a.batches.split(",")], verify=verify_shapes(a.verify),
+                     device=a.device)
 
 
 if __name__ == "__main__":

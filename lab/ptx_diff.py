@@ -1,10 +1,11 @@
 """Do the fast step's kernels compile to the same code as at another commit? (CPU only.)
 
     python3 -m lab.ptx_diff --rev 74ed216 [--batches 1,2,4,8,16,32,64] [--verify 1x3,...,8x7] [--config mini]
+        [--device 'NVIDIA H100 80GB HBM3']
     python3 -m lab.ptx_diff --pdl [--batches 1] [--verify ''] [--config tiny]
 
 Records every distinct Triton launch of the fast step on the CPU (``lab.aot.record_launches``:
-meta tensors, the H200 tuning table; decode steps at ``--batches``, verify steps and their commit
+meta tensors, the H200's tuning table or ``--device``'s; decode steps at ``--batches``, verify steps and their commit
 at ``--verify``, by default the spec's draft scope), compiles each for sm_90 with the kernel of
 this tree and with the same-named kernel of ``--rev`` (the whole kernels package as it was at
 ``--rev``, read with ``git show``, so a helper a kernel takes from another kernel module is REV's
@@ -120,15 +121,18 @@ def main() -> int:
     ap.add_argument("--verify", default=None, help="verify steps BATCHxDRAFT,... ('' for none; "
                     "default: the spec's draft scope with --rev, none with --pdl)")
     ap.add_argument("--config", default="mini")
+    ap.add_argument("--device", default=None, help="the GPU name whose tuning table the step reads "
+                    "(default the H200's; e.g. 'NVIDIA H100 80GB HBM3': the default table)")
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise SystemExit("ptx_diff: unset TRITON_INTERPRET (the kernels must be compiled, not interpreted)")
     if bool(args.rev) == args.pdl:
         raise SystemExit("ptx_diff: give --rev REV or --pdl (one of them)")
-    from lab.aot import VERIFY_SCOPE, compile_launch, record_launches, verify_shapes
+    from lab.aot import H200, VERIFY_SCOPE, compile_launch, record_launches, verify_shapes
 
     verify = verify_shapes(args.verify if args.verify is not None else ("" if args.pdl else VERIFY_SCOPE))
-    calls = record_launches(args.config, [int(b) for b in args.batches.split(",")], verify=verify)
+    calls = record_launches(args.config, [int(b) for b in args.batches.split(",")], verify=verify,
+                            device=args.device or H200)
     if args.pdl:
         return 1 if pdl_check(calls, compile_launch) else 0
     counts = {"identical": 0, "differs": 0, "new": 0}

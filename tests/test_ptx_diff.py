@@ -61,8 +61,12 @@ def test_the_kernels_at_a_revision_take_their_helpers_from_that_revision():
     assert got["live_helpers"] == []  # no REV kernel reaches a module of this tree's kernels package
 
 
-def test_ptx_diff_against_head_finds_every_launch_identical_decode_and_verify():
+def test_ptx_diff_against_head_finds_every_launch_identical_decode_and_verify_on_both_tables():
     out = run_without_interpreter("-m", "lab.ptx_diff", "--rev", "HEAD", "--config", "tiny", "--batches", "1",
                                   "--verify", "1x3")
     assert "0 differ, 0 new" in out and "identical mla_verify_split_kernel" in out
     assert "identical kda_verify_kernel" in out and "identical fp_keep_state_kernel" in out
+    assert "identical mla_decode_split_kvmajor_kernel" in out  # the H200 table's layout
+    out = run_without_interpreter("-m", "lab.ptx_diff", "--rev", "HEAD", "--config", "tiny", "--batches", "1",
+                                  "--verify", "", "--device", "NVIDIA H100 80GB HBM3")
+    assert "0 differ, 0 new" in out and "identical mla_decode_split_kernel" in out  # the default table's
