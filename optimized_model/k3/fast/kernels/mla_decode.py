@@ -82,6 +82,59 @@ def _online_softmax_step(sc, m_i, l_i, AXIS: tl.constexpr):
 
 
 @triton.jit
+def _head_major_split(qt, base, sc_t, od, md, start, end, row_end, scale,
+                      BH: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, IEEE: tl.constexpr,
+                      n_tiles: tl.constexpr, CAUSAL: tl.constexpr):
+    """The head-major split's online softmax of the query rows ``qt`` [BH, BD] over positions
+    [start, end) of the latent rows at ``base``: (acc [BH, BD], running max, running sum), fp32.
+    ``CAUSAL`` (a verify step): row r also stops at its own ``row_end[r]``."""
+    m_i = tl.full([BH], float("-inf"), tl.float32)
+    l_i = tl.zeros([BH], tl.float32)
+    acc = tl.zeros([BH, BD], tl.float32)
+    # fixed trip count n_tiles (constexpr: one compiled variant per split length; the
+    # interpreter cannot take runtime loop bounds); tiles past ``end`` are masked
+    # (predicated-off loads move no bytes) and whole splits past the length exit early.
+    if start < end:
+        for i in range(0, n_tiles):
+            ot = start + i * BT + tl.arange(0, BT)
+            mt = ot < end
+            c = tl.load(base + ot[:, None].to(tl.int64) * sc_t + od[None, :],
+                        mask=mt[:, None] & md[None, :], other=0.0)
+            if IEEE:
+                sc = tl.dot(qt, tl.trans(c), input_precision="ieee")
+            else:
+                sc = tl.dot(qt, tl.trans(c))
+            if CAUSAL:
+                sc = tl.where(mt[None, :] & (ot[None, :] < row_end[:, None]), sc * scale, float("-inf"))
+            else:
+                sc = tl.where(mt[None, :], sc * scale, float("-inf"))
+            p, alpha, m_new, l_i = _online_softmax_step(sc, m_i, l_i, 1)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c)
+            m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _head_major_store(acc, m_i, l_i, out, o_part, lse_part, b, s, NS, oh, mh, od, md, so_b, so_h,
+                      ROWS: tl.constexpr, D: tl.constexpr, DIRECT: tl.constexpr):
+    """A head-major split's result: the final output when there is one split (``DIRECT``), else
+    its normalised partial and log-sum-exp (o_part [B, NS, ROWS, D] fp32, lse_part [B, NS, ROWS])."""
+    has = l_i > 0
+    o = acc / tl.where(has, l_i, 1.0)[:, None]
+    if DIRECT:
+        tl.store(out + b * so_b + oh[:, None] * so_h + od[None, :], o.to(out.dtype.element_ty),
+                 mask=mh[:, None] & md[None, :])
+    else:
+        lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+        row = (b * NS + s) * ROWS + oh
+        tl.store(lse_part + row, lse, mask=mh)
+        tl.store(o_part + row[:, None] * D + od[None, :], o, mask=mh[:, None] & md[None, :])
+
+
+@triton.jit
 def mla_decode_split_kernel(
     q, cache, lengths, out, o_part, lse_part,
     sq_b, sq_h, sc_b, sc_t, so_b, so_h,
@@ -100,42 +153,9 @@ def mla_decode_split_kernel(
     od = tl.arange(0, BD)
     md = od < D
     qt = tl.load(q + b * sq_b + oh[:, None] * sq_h + od[None, :], mask=mh[:, None] & md[None, :], other=0.0)
-
-    m_i = tl.full([BH], float("-inf"), tl.float32)
-    l_i = tl.zeros([BH], tl.float32)
-    acc = tl.zeros([BH, BD], tl.float32)
-    base = cache + b * sc_b
-    # fixed trip count n_tiles (constexpr: one compiled variant per split length; the
-    # interpreter cannot take runtime loop bounds); tiles past ``end`` are masked
-    # (predicated-off loads move no bytes) and whole splits past the length exit early.
-    if start < end:
-        for i in range(0, n_tiles):
-            ot = start + i * BT + tl.arange(0, BT)
-            mt = ot < end
-            c = tl.load(base + ot[:, None].to(tl.int64) * sc_t + od[None, :],
-                        mask=mt[:, None] & md[None, :], other=0.0)
-            if IEEE:
-                sc = tl.dot(qt, tl.trans(c), input_precision="ieee")
-            else:
-                sc = tl.dot(qt, tl.trans(c))
-            sc = tl.where(mt[None, :], sc * scale, float("-inf"))
-            p, alpha, m_new, l_i = _online_softmax_step(sc, m_i, l_i, 1)
-            if IEEE:
-                acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c, input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c)
-            m_i = m_new
-
-    has = l_i > 0
-    o = acc / tl.where(has, l_i, 1.0)[:, None]
-    if DIRECT:  # one split: the final output
-        tl.store(out + b * so_b + oh[:, None] * so_h + od[None, :], o.to(out.dtype.element_ty),
-                 mask=mh[:, None] & md[None, :])
-    else:
-        lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
-        row = (b * NS + s) * H + oh  # o_part [B, NS, H, D] fp32, lse_part [B, NS, H]
-        tl.store(lse_part + row, lse, mask=mh)
-        tl.store(o_part + row[:, None] * D + od[None, :], o, mask=mh[:, None] & md[None, :])
+    acc, m_i, l_i = _head_major_split(qt, cache + b * sc_b, sc_t, od, md, start, end, end, scale,
+                                      BH, BD, BT, IEEE, n_tiles, False)
+    _head_major_store(acc, m_i, l_i, out, o_part, lse_part, b, s, NS, oh, mh, od, md, so_b, so_h, H, D, DIRECT)
 
 
 @triton.jit
@@ -263,6 +283,34 @@ def split_plan(batch: int, head_blocks: int, max_len: int, block_t: int, *, sm_c
     return triton.cdiv(tiles, per_split), per_split * block_t
 
 
+def split_partials(out: torch.Tensor, NS: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o_part [B, NS, ROWS, D] fp32, lse_part [B, NS, ROWS] fp32) of ``out`` [B, ROWS, D]'s
+    ``NS`` splits; with one split the split kernel writes ``out`` itself (both are ``out``)."""
+    if NS == 1:
+        return out, out
+    B, rows, D = out.shape
+    return (torch.empty((B, NS, rows, D), dtype=torch.float32, device=out.device),
+            torch.empty((B, NS, rows), dtype=torch.float32, device=out.device))
+
+
+def combine_splits(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, NS: int, BD: int,
+                   programs_per_head: int, launch: dict) -> None:
+    """``mla_decode_combine_kernel`` over ``out``'s [B, ROWS, D] rows: ``programs_per_head``
+    programs per row, each over a slice of D; ``launch``: its PDL constexpr and launch options."""
+    B, rows, D = out.shape
+    BDC = min(BD, 128)
+    n_chunks = triton.cdiv(D, BDC)
+    per_head = max(1, min(int(programs_per_head), n_chunks))
+    if n_chunks % per_head:
+        raise ValueError(f"mla_decode: combine_programs_per_head {per_head} must divide the "
+                         f"{n_chunks} chunks of {BDC} channels")
+    mla_decode_combine_kernel[(B, rows, per_head)](
+        o_part, lse_part, out, out.stride(0), out.stride(1), NS,
+        H=rows, D=D, BS=max(2, triton.next_power_of_2(NS)), BDC=BDC, CHUNKS=n_chunks // per_head,
+        num_warps=4 if NS <= 32 else 8, **launch,
+    )
+
+
 def mla_decode(
     q: torch.Tensor, cache: torch.Tensor, lengths: torch.Tensor, *, scale: float,
     length_offset: int = 0, max_len: int | None = None, num_splits: int | None = None,
@@ -302,11 +350,7 @@ def mla_decode(
                                num_splits=num_splits)
     if out is None:
         out = torch.empty((B, H, D), dtype=q.dtype, device=q.device)
-    if NS > 1:
-        o_part = torch.empty((B, NS, H, D), dtype=torch.float32, device=q.device)
-        lse_part = torch.empty((B, NS, H), dtype=torch.float32, device=q.device)
-    else:
-        o_part = lse_part = out
+    o_part, lse_part = split_partials(out, NS)
     trace.engaged(COMPONENT, LAYOUTS[layout], batch=B, heads=H, latent=D, max_len=T,
                   num_splits=NS, block_t=BT)
     ieee = q.dtype == torch.float32
@@ -320,17 +364,7 @@ def mla_decode(
         **pdl.launch_args(),
     )
     if NS > 1:
-        BDC = min(BD, 128)
-        n_chunks = triton.cdiv(D, BDC)
-        per_head = max(1, min(int(combine_programs_per_head), n_chunks))
-        if n_chunks % per_head:
-            raise ValueError(f"mla_decode: combine_programs_per_head {per_head} must divide the "
-                             f"{n_chunks} chunks of {BDC} channels")
-        mla_decode_combine_kernel[(B, H, per_head)](
-            o_part, lse_part, out, out.stride(0), out.stride(1), NS,
-            H=H, D=D, BS=max(2, triton.next_power_of_2(NS)), BDC=BDC, CHUNKS=n_chunks // per_head,
-            num_warps=4 if NS <= 32 else 8, **pdl.launch_args(),
-        )
+        combine_splits(o_part, lse_part, out, NS, BD, combine_programs_per_head, pdl.launch_args())
     return out
 
 

@@ -50,39 +50,10 @@ def mla_verify_split_kernel(
     od = tl.arange(0, BD)
     md = od < D
     qt = tl.load(q + b * sq_b + oh[:, None] * sq_h + od[None, :], mask=mh[:, None] & md[None, :], other=0.0)
-
-    m_i = tl.full([BH], float("-inf"), tl.float32)
-    l_i = tl.zeros([BH], tl.float32)
-    acc = tl.zeros([BH, BD], tl.float32)
-    base = cache + b * sc_b
-    if start < end:
-        for i in range(0, n_tiles):
-            ot = start + i * BT + tl.arange(0, BT)
-            mt = ot < end
-            c = tl.load(base + ot[:, None].to(tl.int64) * sc_t + od[None, :],
-                        mask=mt[:, None] & md[None, :], other=0.0)
-            if IEEE:
-                sc = tl.dot(qt, tl.trans(c), input_precision="ieee")
-            else:
-                sc = tl.dot(qt, tl.trans(c))
-            sc = tl.where(mt[None, :] & (ot[None, :] < row_end[:, None]), sc * scale, float("-inf"))
-            p, alpha, m_new, l_i = MD._online_softmax_step(sc, m_i, l_i, 1)
-            if IEEE:
-                acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c, input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c)
-            m_i = m_new
-
-    has = l_i > 0
-    o = acc / tl.where(has, l_i, 1.0)[:, None]
-    if DIRECT:
-        tl.store(out + b * so_b + oh[:, None] * so_h + od[None, :], o.to(out.dtype.element_ty),
-                 mask=mh[:, None] & md[None, :])
-    else:
-        lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
-        row = (b * NS + s) * ROWS + oh
-        tl.store(lse_part + row, lse, mask=mh)
-        tl.store(o_part + row[:, None] * D + od[None, :], o, mask=mh[:, None] & md[None, :])
+    acc, m_i, l_i = MD._head_major_split(qt, cache + b * sc_b, sc_t, od, md, start, end, row_end, scale,
+                                         BH, BD, BT, IEEE, n_tiles, True)
+    MD._head_major_store(acc, m_i, l_i, out, o_part, lse_part, b, s, NS, oh, mh, od, md, so_b, so_h,
+                         ROWS, D, DIRECT)
 
 
 def mla_verify(q: torch.Tensor, cache: torch.Tensor, lengths: torch.Tensor, *, tokens: int, scale: float,
@@ -106,11 +77,7 @@ def mla_verify(q: torch.Tensor, cache: torch.Tensor, lengths: torch.Tensor, *, t
                                   max_splits=max_splits, waves=waves, num_splits=num_splits)
     if out is None:
         out = torch.empty((B, rows, D), dtype=q.dtype, device=q.device)
-    if NS > 1:
-        o_part = torch.empty((B, NS, rows, D), dtype=torch.float32, device=q.device)
-        lse_part = torch.empty((B, NS, rows), dtype=torch.float32, device=q.device)
-    else:
-        o_part = lse_part = out
+    o_part, lse_part = MD.split_partials(out, NS)
     trace.engaged(COMPONENT, VARIANT, batch=B, tokens=T, heads=QH, latent=D, max_len=span, num_splits=NS)
     mla_verify_split_kernel[(B, NS, HB)](
         q, cache, lengths, out, o_part, lse_part,
@@ -119,12 +86,8 @@ def mla_verify(q: torch.Tensor, cache: torch.Tensor, lengths: torch.Tensor, *, t
         ROWS=rows, QH=QH, D=D, BD=BD, BH=BH, BT=BT, DIRECT=NS == 1, IEEE=q.dtype == torch.float32,
         n_tiles=split_len // BT, num_warps=num_warps or (8 if BD >= 256 else 4),
     )
-    if NS > 1:  # mla_decode's combine, over the T*H rows
-        BDC = min(BD, 128)
-        MD.mla_decode_combine_kernel[(B, rows, 1)](
-            o_part, lse_part, out, out.stride(0), out.stride(1), NS,
-            H=rows, D=D, BS=max(2, triton.next_power_of_2(NS)), BDC=BDC, CHUNKS=triton.cdiv(D, BDC),
-            num_warps=4 if NS <= 32 else 8, PDL=False)
+    if NS > 1:  # mla_decode's combine, over the T*H rows, one program per row
+        MD.combine_splits(o_part, lse_part, out, NS, BD, 1, {"PDL": False})
     return out
 
 
