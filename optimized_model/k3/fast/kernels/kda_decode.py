@@ -99,6 +99,31 @@ def _conv_store(st_ptr, s_c, s_j, chan, mask, new, SL: tl.constexpr, SLP: tl.con
 
 
 @triton.jit
+def _low_rank_weights(FB, sfb, GB, sgb, chan_k, chan_v, mk, mv, rr, mr):
+    """The low-rank gates' second halves for these channels: f_b rows [BK, RP], g_b rows [BV, RP]."""
+    w_f = tl.load(FB + chan_k[:, None] * sfb + rr[None, :], mask=mk[:, None] & mr[None, :], other=0.0)
+    w_g = tl.load(GB + chan_v[:, None] * sgb + rr[None, :], mask=mv[:, None] & mr[None, :], other=0.0)
+    return w_f, w_g
+
+
+@triton.jit
+def _low_rank_gate(w, a, dtype):
+    """One low-rank gate, w a (w [C, RP], a [RP] fp32), rounded to the working ``dtype`` like the
+    standard path's projection output; fp32 [C]."""
+    return tl.sum(w.to(tl.float32) * a[None, :], 1).to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _delta_rule(s, q, k, v, g, beta):
+    """One token of the gated delta rule on the fp32 state tile s [BK, BV]: decay by e^g, then
+    s += k (beta (v - sᵀk))ᵀ; returns (the new state, its readout sᵀq [BV])."""
+    s = s * tl.exp(g)[:, None]
+    u = (v - tl.sum(s * k[:, None], 0)) * beta
+    s = s + k[:, None] * u[None, :]
+    return s, tl.sum(s * q[:, None], 0)
+
+
+@triton.jit
 def kda_decode_fused_kernel(
     xq, xk, xv, xf, xb, xg, sxq, sxk, sxv, sxf, sxb, sxg,
     cq, ck, cv,
@@ -136,15 +161,13 @@ def kda_decode_fused_kernel(
         rr = tl.arange(0, RP)
         mr = rr < R
         if EARLY_W:
-            w_f = tl.load(FB + chan_k[:, None] * sfb + rr[None, :], mask=mk[:, None] & mr[None, :], other=0.0)
-            w_g = tl.load(GB + chan_v[:, None] * sgb + rr[None, :], mask=mv[:, None] & mr[None, :], other=0.0)
+            w_f, w_g = _low_rank_weights(FB, sfb, GB, sgb, chan_k, chan_v, mk, mv, rr, mr)
     # Nothing else is loaded before the wait: loading the state tile early (under PDL only) made
     # the compiler order the delta rule's arithmetic differently, and the step's numbers then
     # depended on the launch mode (perf notes, run L); lab/ptx_diff.py --pdl checks it.
     pdl_enter(PDL)
     if LOWRANK and not EARLY_W:
-        w_f = tl.load(FB + chan_k[:, None] * sfb + rr[None, :], mask=mk[:, None] & mr[None, :], other=0.0)
-        w_g = tl.load(GB + chan_v[:, None] * sgb + rr[None, :], mask=mv[:, None] & mr[None, :], other=0.0)
+        w_f, w_g = _low_rank_weights(FB, sfb, GB, sgb, chan_k, chan_v, mk, mv, rr, mr)
 
     # 1-2. conv + SiLU (+ the shifted conv states, kept in registers), L2 norm of q and k
     q, new_q = _conv_silu(xq + b * sxq, pcq, scq_c, scq_j, wq, swq_c, swq_j, chan_k, mk, W, SL, SLP)
@@ -159,8 +182,8 @@ def kda_decode_fused_kernel(
         # path's projection outputs (FA = [f_a(x) | g_a(x)], written by the in-projection)
         a_f = tl.load(FA + b * sfa + rr, mask=mr, other=0.0).to(tl.float32)
         a_g = tl.load(FA + b * sfa + R + rr, mask=mr, other=0.0).to(tl.float32)
-        f = tl.sum(w_f.to(tl.float32) * a_f[None, :], 1).to(FA.dtype.element_ty).to(tl.float32)
-        gate_v = tl.sum(w_g.to(tl.float32) * a_g[None, :], 1).to(FA.dtype.element_ty).to(tl.float32)
+        f = _low_rank_gate(w_f, a_f, FA.dtype.element_ty)
+        gate_v = _low_rank_gate(w_g, a_g, FA.dtype.element_ty)
     else:
         f = tl.load(xf + b * sxf + chan_k, mask=mk, other=0.0).to(tl.float32)
     f += tl.load(dt_bias + chan_k, mask=mk, other=0.0).to(tl.float32)
@@ -172,10 +195,7 @@ def kda_decode_fused_kernel(
     p_s = S + b * sS_b + h * sS_h + ok[:, None] * sS_k + ov[None, :] * sS_v
     m_s = mk[:, None] & mv[None, :]
     s = tl.load(p_s, mask=m_s, other=0.0)
-    s = s * tl.exp(g)[:, None]
-    u = (v - tl.sum(s * k[:, None], 0)) * beta
-    s = s + k[:, None] * u[None, :]
-    o = tl.sum(s * q[:, None], 0)
+    s, o = _delta_rule(s, q, k, v, g, beta)
 
     row = (b * H + h) * V
     if NV > 1:
@@ -188,7 +208,9 @@ def kda_decode_fused_kernel(
     tl.store(p_s, s, mask=m_s)
     _conv_store(pcv, scv_c, scv_j, chan_v, mv, new_v, SL, SLP)  # this program owns these v channels
 
-    # 5. q/k conv state + RMSNorm over V + sigmoid gate (whole head)
+    # 5. q/k conv state + RMSNorm over V + sigmoid gate (whole head); kda_verify's
+    # _gated_rmsnorm computes the same, but here the weight and gate loads follow the norm
+    # (loaded before it, this kernel's PTX changed: lab.ptx_diff)
     if NV == 1:
         _conv_store(pcq, scq_c, scq_j, chan_k, mk, new_q, SL, SLP)
         _conv_store(pck, sck_c, sck_j, chan_k, mk, new_k, SL, SLP)

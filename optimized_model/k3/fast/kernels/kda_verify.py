@@ -71,6 +71,13 @@ def _conv_token(x_ptr, sx, st_ptr, s_c, s_j, w_ptr, sw_c, sw_j, win_ptr, swin_c,
 
 
 @triton.jit
+def _gated_rmsnorm(o, nw, gt, V: tl.constexpr, eps_norm):
+    """A token's output of one head: RMSNorm of o [V] (weight ``nw``, fp32) times sigmoid(gt)."""
+    rstd = 1.0 / tl.sqrt(tl.sum(o * o, 0) / V + eps_norm)
+    return o * rstd * nw * tl.sigmoid(gt)
+
+
+@triton.jit
 def kda_verify_kernel(
     xq, xk, xv, xf, xb, xg, sxq, sxk, sxv, sxf, sxb, sxg,
     cq, ck, cv, scq_b, scq_c, scq_j, sck_b, sck_c, sck_j, scv_b, scv_c, scv_j,
@@ -102,8 +109,7 @@ def kda_verify_kernel(
     if LOWRANK:  # the gate weights are loaded once for all T tokens
         rr = tl.arange(0, RP)
         mr = rr < R
-        w_f = tl.load(FB + chan_k[:, None] * sfb + rr[None, :], mask=mk[:, None] & mr[None, :], other=0.0)
-        w_g = tl.load(GB + chan_v[:, None] * sgb + rr[None, :], mask=mv[:, None] & mr[None, :], other=0.0)
+        w_f, w_g = KD._low_rank_weights(FB, sfb, GB, sgb, chan_k, chan_v, mk, mv, rr, mr)
     a = tl.exp(tl.load(A_log + h).to(tl.float32))
     dtb = tl.load(dt_bias + chan_k, mask=mk, other=0.0).to(tl.float32)
     nw = tl.load(norm_w + ov, mask=mv, other=0.0).to(tl.float32)
@@ -124,24 +130,19 @@ def kda_verify_kernel(
         if LOWRANK:  # rounded to the working dtype like the standard path's projections
             a_f = tl.load(FA + row * sfa + rr, mask=mr, other=0.0).to(tl.float32)
             a_g = tl.load(FA + row * sfa + R + rr, mask=mr, other=0.0).to(tl.float32)
-            f = tl.sum(w_f.to(tl.float32) * a_f[None, :], 1).to(FA.dtype.element_ty).to(tl.float32)
-            gt = tl.sum(w_g.to(tl.float32) * a_g[None, :], 1).to(FA.dtype.element_ty).to(tl.float32)
+            f = KD._low_rank_gate(w_f, a_f, FA.dtype.element_ty)
+            gt = KD._low_rank_gate(w_g, a_g, FA.dtype.element_ty)
         else:
             f = tl.load(xf + row * sxf + chan_k, mask=mk, other=0.0).to(tl.float32)
             gt = tl.load(xg + row * sxg + chan_v, mask=mv, other=0.0).to(tl.float32)
         g = lower_bound * tl.sigmoid(a * (f + dtb))
         beta = tl.sigmoid(tl.load(xb + row * sxb + h).to(tl.float32))
 
-        s = s * tl.exp(g)[:, None]
-        u = (v - tl.sum(s * k[:, None], 0)) * beta
-        s = s + k[:, None] * u[None, :]
-        o = tl.sum(s * q[:, None], 0)
+        s, o = KD._delta_rule(s, q, k, v, g, beta)
         tl.store(TS + b * sT_b + t * sT_t + h * sT_h + ok[:, None] * sT_k + ov[None, :] * sT_v, s, mask=m_s)
 
         if NV == 1:
-            o = tl.where(mv, o, 0.0)
-            rstd = 1.0 / tl.sqrt(tl.sum(o * o, 0) / V + eps_norm)
-            y = o * rstd * nw * tl.sigmoid(gt)
+            y = _gated_rmsnorm(tl.where(mv, o, 0.0), nw, gt, V, eps_norm)
             tl.store(out + row * sout + chan_v, y.to(out.dtype.element_ty), mask=mv)
         else:  # the head's last tile to arrive normalises (below)
             tl.store(o_ws + (row * H + h) * V + ov, o, mask=mv)
@@ -158,8 +159,7 @@ def kda_verify_kernel(
                 ws = ((row0 + t) * H + h) * V + of
                 oo = tl.load(o_ws + ws, mask=mf, other=0.0, cache_modifier=".cg")
                 gg = tl.load(g_ws + ws, mask=mf, other=0.0, cache_modifier=".cg")
-                rstd = 1.0 / tl.sqrt(tl.sum(oo * oo, 0) / V + eps_norm)
-                y = oo * rstd * nwf * tl.sigmoid(gg)
+                y = _gated_rmsnorm(oo, nwf, gg, V, eps_norm)
                 tl.store(out + (row0 + t) * sout + h * V + of, y.to(out.dtype.element_ty), mask=mf)
             tl.atomic_xchg(counter + b * H + h, 0)
 
