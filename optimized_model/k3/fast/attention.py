@@ -31,6 +31,18 @@ def _out_projection(s: Any, i: int, p: PackedLayer, o, x, x_out, c_in, op: str) 
     trace.engaged("norm_residual", "fused_gemv_prologue_epilogue", layer=i, batch=B)
 
 
+def _kda_gates(s: Any, i: int, p: PackedLayer, col) -> tuple:
+    """(f, gate, low_rank) for the KDA kernel: with the plan's fused gates the kernel forms f and
+    the output gate from f_a(x), g_a(x) itself (low_rank); else [f_a(x) | g_a(x)] → [f | gate]
+    by one block-diagonal gemv first."""
+    w = p.attn
+    if s.plan.kda.fused_gates:
+        return None, None, (col("fg"), w.f_b, w.g_b)
+    fg, d = s.bufs.fg, s.cfg.kda_dim
+    s.gemv(f"L{i}.fg", col("fg"), w.w_fg, fg)
+    return fg[:, :d], fg[:, d:], None
+
+
 def kda(s: Any, i: int, p: PackedLayer, state: Any, x, x_out) -> None:
     """x → x_out = x + KDA(x). ``s``: the running DecodeStep."""
     from .kernels.kda_decode import kda_decode
@@ -39,13 +51,7 @@ def kda(s: Any, i: int, p: PackedLayer, state: Any, x, x_out) -> None:
     proj, c_in = _in_projection(s, i, p, x, "kda_o")
     col = lambda k: columns(proj, w, k)  # noqa: E731
     d = cfg.kda_dim
-    if plan.fused_gates:  # KDA decode forms f and the output gate from f_a(x), g_a(x) itself
-        f = gate = None
-        low_rank = (col("fg"), w.f_b, w.g_b)
-    else:  # [f_a(x) | g_a(x)] → [f | gate] by one block-diagonal gemv first
-        fg = bufs.fg
-        s.gemv(f"L{i}.fg", col("fg"), w.w_fg, fg)
-        f, gate, low_rank = fg[:, :d], fg[:, d:], None
+    f, gate, low_rank = _kda_gates(s, i, p, col)
     conv = state.conv[p.slot]
     o = bufs.o[:, :d]
     kda_decode(col("q"), col("k"), col("v"), f, col("b"), gate,
@@ -58,31 +64,44 @@ def kda(s: Any, i: int, p: PackedLayer, state: Any, x, x_out) -> None:
     _out_projection(s, i, p, o, x, x_out, c_in, "kda_in")
 
 
+def _mla_query(s: Any, i: int, p: PackedLayer, col):
+    """q_b (q_a_norm prologue), then the absorbed query q_lat[b, h] = q[b, h] @ W_uk[h] (per-head
+    weights: a grouped gemv over W_ukT [H, C, nope]) into ``bufs.q_lat``."""
+    cfg, w, q, q_lat = s.cfg, p.attn, s.bufs.q, s.bufs.q_lat
+    H, C, nope = cfg.mla_heads, cfg.kv_lora, cfg.qk_nope
+    s.gemv(f"L{i}.q_b", col("q_a"), w.q_b, q, norm_weight=w.q_a_norm)
+    G.gemv(q[:, :nope], w.w_ukT[0], out=q_lat[:, 0], config=s.plan.gemv[f"L{i}.uk"],
+           groups=(H, nope, C * nope, C, 0))
+    return q_lat
+
+
+def _mla_output(s: Any, i: int, p: PackedLayer, col, o_lat, x, x_out, c_in) -> None:
+    """x_out = x + o_proj(sigmoid(gate) * (o_lat @ W_uv)): W_uv per head by a grouped gemv with
+    the gate as its epilogue, then o_proj with the residual."""
+    cfg, w = s.cfg, p.attn
+    H, C, nope, v = cfg.mla_heads, cfg.kv_lora, cfg.qk_nope, cfg.v_head
+    o = s.bufs.o[:, : H * v]
+    w_uv = w.kv_b[nope: nope + v]  # head 0's W_uv rows; head h at + h * (nope + v) * C
+    G.gemv(o_lat[:, 0], w_uv, out=o[:, :v], epilogue="sigmoid_gate", gate=col("gate")[:, :v],
+           config=s.plan.gemv[f"L{i}.uv"], groups=(H, C, (nope + v) * C, v, v))
+    _out_projection(s, i, p, o, x, x_out, c_in, "mla_in")
+
+
 def mla(s: Any, i: int, p: PackedLayer, state: Any, x, x_out) -> None:
     """x → x_out = x + MLA(x); the normed kv latent is written into the cache at lengths[b]."""
     from .kernels.mla_decode import mla_decode
 
-    cfg, plan, bufs, w = s.cfg, s.plan.mla, s.bufs, p.attn
-    H, C, nope, v = cfg.mla_heads, cfg.kv_lora, cfg.qk_nope, cfg.v_head
+    cfg, plan, w = s.cfg, s.plan.mla, p.attn
     proj, c_in = _in_projection(s, i, p, x, "mla_o")
     col = lambda k: columns(proj, w, k)  # noqa: E731
-    q = bufs.q
-    s.gemv(f"L{i}.q_b", col("q_a"), w.q_b, q, norm_weight=w.q_a_norm)
-    q_lat = bufs.q_lat
-    # q_lat[b, h] = q[b, h] @ W_uk[h]  (per-head weights: grouped gemv over W_ukT [H, C, nope])
-    G.gemv(q[:, :nope], w.w_ukT[0], out=q_lat[:, 0], config=s.plan.gemv[f"L{i}.uk"],
-           groups=(H, nope, C * nope, C, 0))
+    q_lat = _mla_query(s, i, p, col)
     cache = state.latent[p.slot]
     NORM.add_rmsnorm(col("kv"), w.kv_a_norm, eps=cfg.norm_eps, out=cache, positions=state.lengths)
-    o_lat = bufs.o_lat
-    mla_decode(q_lat, cache, state.lengths, scale=nope ** -0.5, length_offset=1,
+    o_lat = s.bufs.o_lat
+    mla_decode(q_lat, cache, state.lengths, scale=cfg.qk_nope ** -0.5, length_offset=1,
                max_len=cache.shape[1], out=o_lat, block_h=plan.block_h,
                layout=plan.layout, block_t=plan.block_t,
                num_warps=plan.num_warps, min_chunk=plan.min_chunk,
                max_splits=plan.max_splits, waves=plan.waves,
                combine_programs_per_head=plan.combine_programs_per_head)
-    o = bufs.o[:, : H * v]
-    w_uv = w.kv_b[nope: nope + v]  # head 0's W_uv rows; head h at + h * (nope + v) * C
-    G.gemv(o_lat[:, 0], w_uv, out=o[:, :v], epilogue="sigmoid_gate", gate=col("gate")[:, :v],
-           config=s.plan.gemv[f"L{i}.uv"], groups=(H, C, (nope + v) * C, v, v))
-    _out_projection(s, i, p, o, x, x_out, c_in, "mla_in")
+    _mla_output(s, i, p, col, o_lat, x, x_out, c_in)

@@ -19,8 +19,7 @@ from typing import Any
 import torch
 
 from ..model import VerifyTrail
-from .attention import _in_projection, _out_projection
-from .kernels import gemv as G
+from .attention import _in_projection, _kda_gates, _mla_output, _mla_query, _out_projection
 from .kernels import norm as NORM
 from .packed import PackedLayer, columns
 from .step import DecodeStep
@@ -75,17 +74,11 @@ def kda(s: VerifyStep, i: int, p: PackedLayer, state: Any, x, x_out) -> None:
     the state after each token."""
     from .kernels.kda_verify import kda_verify
 
-    cfg, plan, bufs, w = s.cfg, s.plan.kda, s.bufs, p.attn
+    cfg, bufs, w = s.cfg, s.bufs, p.attn
     proj, c_in = _in_projection(s, i, p, x, "kda_o")
     col = lambda k: columns(proj, w, k)  # noqa: E731
     d = cfg.kda_dim
-    if plan.fused_gates:
-        f = gate = None
-        low_rank = (col("fg"), w.f_b, w.g_b)
-    else:
-        fg = bufs.fg
-        s.gemv(f"L{i}.fg", col("fg"), w.w_fg, fg)
-        f, gate, low_rank = fg[:, :d], fg[:, d:], None
+    f, gate, low_rank = _kda_gates(s, i, p, col)
     conv = state.conv[p.slot]
     o = bufs.o[:, :d]
     kda_verify(col("q"), col("k"), col("v"), f, col("b"), gate,
@@ -103,25 +96,17 @@ def mla(s: VerifyStep, i: int, p: PackedLayer, state: Any, x, x_out) -> None:
     query attends causally (itself and what precedes it)."""
     from .kernels.mla_verify import mla_verify
 
-    cfg, plan, bufs, w = s.cfg, s.plan.mla, s.bufs, p.attn
+    cfg, plan, w = s.cfg, s.plan.mla, p.attn
     B, T = s.B, s.T
-    H, C, nope, v = cfg.mla_heads, cfg.kv_lora, cfg.qk_nope, cfg.v_head
+    H, C = cfg.mla_heads, cfg.kv_lora
     proj, c_in = _in_projection(s, i, p, x, "mla_o")
     col = lambda k: columns(proj, w, k)  # noqa: E731
-    q = bufs.q
-    s.gemv(f"L{i}.q_b", col("q_a"), w.q_b, q, norm_weight=w.q_a_norm)
-    q_lat = bufs.q_lat
-    G.gemv(q[:, :nope], w.w_ukT[0], out=q_lat[:, 0], config=s.plan.gemv[f"L{i}.uk"],
-           groups=(H, nope, C * nope, C, 0))
+    q_lat = _mla_query(s, i, p, col)
     cache = state.latent[p.slot]
     NORM.add_rmsnorm(col("kv"), w.kv_a_norm, eps=cfg.norm_eps, out=cache, positions=state.lengths,
                      rows_per_seq=T)
-    o_lat = bufs.o_lat
-    mla_verify(q_lat.view(B, T * H, C), cache, state.lengths, tokens=T, scale=nope ** -0.5,
+    o_lat = s.bufs.o_lat
+    mla_verify(q_lat.view(B, T * H, C), cache, state.lengths, tokens=T, scale=cfg.qk_nope ** -0.5,
                length_offset=1, max_len=cache.shape[1], out=o_lat.view(B, T * H, C),
                block_h=plan.block_h, min_chunk=plan.min_chunk, max_splits=plan.max_splits, waves=plan.waves)
-    o = bufs.o[:, : H * v]
-    w_uv = w.kv_b[nope: nope + v]
-    G.gemv(o_lat[:, 0], w_uv, out=o[:, :v], epilogue="sigmoid_gate", gate=col("gate")[:, :v],
-           config=s.plan.gemv[f"L{i}.uv"], groups=(H, C, (nope + v) * C, v, v))
-    _out_projection(s, i, p, o, x, x_out, c_in, "mla_in")
+    _mla_output(s, i, p, col, o_lat, x, x_out, c_in)
