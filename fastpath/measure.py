@@ -143,14 +143,19 @@ def _kernel(table: dict, kernel: str) -> dict:
     return table["kernels"][kernel]
 
 
+def serving_bucket(table: dict, kernel: str, batch: int) -> dict:
+    """The bucket of ``table`` that serves ``batch`` for ``kernel``, as the tuning lookup chooses
+    it: the first with max_batch >= batch, else the last."""
+    buckets = _kernel(table, kernel)["buckets"]
+    return next((b for b in buckets if batch <= b["max_batch"]), buckets[-1])
+
+
 def apply_patch(table: dict, base: dict, patch: dict, batch: int) -> None:
     """Reset ``table``'s kernels to ``base``, then patch the buckets serving ``batch`` (the
     table's other buckets are untouched)."""
     table["kernels"] = copy.deepcopy(base)
     for kernel, fields in patch.items():
-        buckets = _kernel(table, kernel)["buckets"]
-        bucket = next((b for b in buckets if batch <= b["max_batch"]), buckets[-1])
-        bucket.update(fields)
+        serving_bucket(table, kernel, batch).update(fields)
 
 
 @contextlib.contextmanager

@@ -9,6 +9,8 @@ import importlib.util
 import sys
 from types import ModuleType
 
+from fastpath.measure import serving_bucket
+
 
 def load_module(path: str, name: str) -> ModuleType:
     """Import a copy of a module from a file (e.g. the committed kernel, to time a candidate
@@ -27,13 +29,6 @@ def allow_verify_rows(rows: int) -> None:
     from optimized_model.k3.fast import dispatch
 
     dispatch.scope()["max_verify_rows"] = rows
-
-
-def serving_bucket(table: dict, kernel: str, batch: int) -> dict:
-    """The bucket of ``table`` that serves ``batch`` for ``kernel`` (as fastpath.measure's patches
-    and the tuning lookup choose it: the first with max_batch >= batch, else the last)."""
-    buckets = table["kernels"][kernel]["buckets"]
-    return next((b for b in buckets if batch <= b["max_batch"]), buckets[-1])
 
 
 def variants_like(table: dict, other: dict, batch: int) -> list[tuple[str, dict]]:
