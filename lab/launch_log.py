@@ -102,7 +102,10 @@ def _parse(argv):
 
 def main(argv=None) -> int:
     a = _parse(argv)
-    verify = [tuple(int(n) for n in s.split("x")) for s in a.verify.split(",") if s]
+    try:
+        verify = [(int(b), int(d)) for b, d in (s.split("x") for s in a.verify.split(",") if s)]
+    except ValueError:
+        raise SystemExit(f"launch_log: --verify {a.verify!r}: expected BATCHxDRAFT,..., e.g. 1x3,8x7") from None
     log = launch_log(a.config, [int(b) for b in a.batches.split(",") if b], verify, a.device)
     if a.json:
         with open(a.json, "w") as fh:
@@ -114,7 +117,9 @@ def main(argv=None) -> int:
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         tree, out = os.path.join(tmp, "tree"), os.path.join(tmp, "log.json")
-        subprocess.run(["git", "worktree", "add", "--detach", "-q", tree, a.rev], check=True)
+        made = subprocess.run(["git", "worktree", "add", "--detach", "-q", tree, a.rev], capture_output=True, text=True)
+        if made.returncode:
+            raise SystemExit(f"launch_log: cannot check out {a.rev!r} in a worktree: {made.stderr.strip()}")
         try:
             env = dict(os.environ, PYTHONPATH=tree)
             args = [sys.executable, os.path.abspath(__file__), "--config", a.config, "--batches", a.batches,

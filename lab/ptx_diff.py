@@ -5,12 +5,12 @@
     python3 -m lab.ptx_diff --pdl [--batches 1] [--verify ''] [--config tiny]
 
 Records every distinct Triton launch of the fast step on the CPU (``lab.aot.record_launches``:
-meta tensors, the H200's tuning table or ``--device``'s; decode steps at ``--batches``, verify steps and their commit
-at ``--verify``, by default the spec's draft scope), compiles each for sm_90 with the kernel of
-this tree and with the same-named kernel of ``--rev`` (the whole kernels package as it was at
-``--rev``, read with ``git show``, so a helper a kernel takes from another kernel module is REV's
-too), and compares the PTX code (comments, line info and debug sections aside: they name the
-file). A launch whose kernel or constexpr is new in this tree (e.g. ``PDL=True`` before PDL
+meta tensors, the H200's tuning table or ``--device``'s; decode steps at ``--batches``, verify
+steps and their commit at ``--verify``, by default the spec's draft scope), compiles each for
+sm_90 with the kernel of this tree and with the same-named kernel of ``--rev`` (the whole kernels
+package as it was at ``--rev``, read with ``git show``, so a helper a kernel takes from another
+kernel module is REV's too), and compares the PTX code (comments, line info and debug sections
+aside: they name the file). A launch whose kernel or constexpr is new in this tree (e.g. ``PDL=True`` before PDL
 existed) is listed as new.
 
 Identical PTX means a GPU figure measured at ``--rev`` still describes that launch: a refactor,
